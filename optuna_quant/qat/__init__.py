@@ -1,0 +1,3 @@
+"""Quantization-aware training helpers after pytorch_quantization."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Samplers of optuna-quant: plain Optuna samplers, usable on any study."""
+
+from __future__ import annotations
