@@ -1,3 +1,48 @@
-"""Quantization-aware training helpers after pytorch_quantization."""
+"""Quantization-aware training helpers after pytorch_quantization.
+
+``nn`` has the fake-quantized layers and their calibration, ``helper`` the parameter selection
+for fine-tuning (``match_parameters``, ``group_parameters``, ``freeze_parameters``,
+``quant_weight_inplace``) and ``export`` the ONNX QDQ export.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from optuna_quant import qat
+    >>> model = qat.quantize_modules(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    >>> qat.calibrate(model, [torch.randn(16, 4)])
+    >>> optimizer = torch.optim.SGD(qat.group_parameters(model, [["weight"], ["bias"]]), lr=1e-3)
+"""
 
 from __future__ import annotations
+
+from optuna_quant.qat.export import export_qat
+from optuna_quant.qat.helper import (
+    freeze_parameters,
+    group_parameters,
+    match_parameters,
+    quant_weight_inplace,
+)
+from optuna_quant.qat.nn import (
+    QuantConv2d,
+    QuantLinear,
+    TensorQuantizer,
+    UncalibratedQuantizerError,
+    calibrate,
+    named_quantizers,
+    quantize_modules,
+)
+
+__all__ = [
+    "QuantConv2d",
+    "QuantLinear",
+    "TensorQuantizer",
+    "UncalibratedQuantizerError",
+    "calibrate",
+    "export_qat",
+    "freeze_parameters",
+    "group_parameters",
+    "match_parameters",
+    "named_quantizers",
+    "quant_weight_inplace",
+    "quantize_modules",
+]

@@ -1,0 +1,134 @@
+"""Sampler time per trial of optuna-quant's DiscreteGPSampler and Optuna's GPSampler, side by side.
+
+Both samplers run a study of ``--trials`` trials on the same 30-parameter categorical space (25
+binary parameters and five 5-way ones, the shape of a layer-wise quantization space) in the same
+process. The objective is a cheap synthetic function with two constraints set through
+``trial.set_constraint``, as the quantization objective sets them; its own time is excluded. The
+sampler time of a trial is the wall time from the end of one objective call to the start of the
+next, which is what the sampler costs a study.
+
+Example:
+    .venv/bin/python -m benchmarks.bench_gp_speed --trials 200 --seed 0
+"""
+
+from __future__ import annotations
+
+import os
+
+# One thread: the machine is shared, and a sampler's cost per trial is what is measured.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+
+from optuna_quant.samplers.bayesian import DiscreteGPSampler  # noqa: E402
+
+N_BINARY = 25
+N_FIVE_WAY = 5
+
+
+class SyntheticObjective:
+    """An additive function with a few pairwise interactions and two constraints.
+
+    Args:
+        seed: Seed of the function's coefficients (fixed across samplers).
+        constraints: Whether to set the two constraints.
+    """
+
+    def __init__(self, seed: int, constraints: bool = True) -> None:
+        rng = np.random.RandomState(seed)
+        self.names = [f"b{i:02d}" for i in range(N_BINARY)] + [f"c{i}" for i in range(N_FIVE_WAY)]
+        self.choices = {name: [0, 1] for name in self.names[:N_BINARY]}
+        self.choices.update({name: list(range(5)) for name in self.names[N_BINARY:]})
+        self.main = {name: rng.normal(size=len(c)) for name, c in self.choices.items()}
+        self.pairs = [tuple(rng.choice(len(self.names), 2, replace=False)) for _ in range(10)]
+        self.constraints = constraints
+        self.seconds = 0.0
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        params = [trial.suggest_categorical(name, self.choices[name]) for name in self.names]
+        start = time.perf_counter()
+        value = sum(self.main[name][v] for name, v in zip(self.names, params))
+        value += sum(1.5 * (params[i] == params[j]) for i, j in self.pairs)
+        if self.constraints:
+            trial.set_constraint("accuracy", 0.1 * sum(params[:10]) - 0.35)
+            trial.set_constraint("latency", 0.5 - 0.1 * sum(params[10:N_BINARY]))
+        self.seconds += time.perf_counter() - start
+        return float(value)
+
+
+def sampler_times(factory: Callable[[], optuna.samplers.BaseSampler], n_trials: int, seed: int,
+                  constraints: bool) -> np.ndarray:
+    """Seconds the sampler took before each trial of one study."""
+    objective = SyntheticObjective(seed, constraints)
+    study = optuna.create_study(sampler=factory())
+    times = []
+    last_end = time.perf_counter()
+
+    def timed(trial: optuna.Trial) -> float:
+        return objective(trial)
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        nonlocal last_end
+        now = time.perf_counter()
+        times.append(now - last_end)
+        last_end = now
+
+    before = objective.seconds
+    study.optimize(timed, n_trials=n_trials, callbacks=[callback])
+    # Each interval holds one objective call; subtract the objective's own (tiny) time evenly.
+    return np.asarray(times) - (objective.seconds - before) / n_trials
+
+
+def summary(name: str, times: np.ndarray) -> dict[str, float]:
+    """Mean milliseconds per trial over the run and over its last 20 trials."""
+    return {
+        "sampler": name,
+        "mean_ms": 1000 * float(np.mean(times)),
+        "last20_mean_ms": 1000 * float(np.mean(times[-20:])),
+        "max_ms": 1000 * float(np.max(times)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
+    """Run both samplers and print a table; returns the rows."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-constraints", action="store_true", help="an unconstrained objective")
+    parser.add_argument("--skip-optuna-gp", action="store_true", help="time DiscreteGPSampler only")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    constraints = not args.no_constraints
+    samplers: dict[str, Callable[[], optuna.samplers.BaseSampler]] = {
+        "oq DiscreteGPSampler": lambda: DiscreteGPSampler(seed=args.seed),
+    }
+    if not args.skip_optuna_gp:
+        samplers["optuna GPSampler"] = lambda: optuna.samplers.GPSampler(seed=args.seed)
+    rows = [summary(name, sampler_times(f, args.trials, args.seed, constraints)) for name, f in samplers.items()]
+    print(f"{N_BINARY} binary + {N_FIVE_WAY} five-way categorical parameters, {args.trials} trials, "
+          f"constraints: {constraints}")
+    print("sampler | mean ms/trial | mean ms, last 20 trials | max ms")
+    for row in rows:
+        print(f"{row['sampler']} | {row['mean_ms']:.1f} | {row['last20_mean_ms']:.1f} | {row['max_ms']:.1f}")
+    if len(rows) == 2:
+        print(f"ratio (oq / optuna), last 20 trials: {rows[0]['last20_mean_ms'] / rows[1]['last20_mean_ms']:.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(["python -m benchmarks.bench_gp_speed", *(argv or sys.argv[1:])]),
+                       "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

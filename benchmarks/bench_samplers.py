@@ -1,0 +1,445 @@
+"""Sampler benchmark: replay studies against quantization tables.
+
+A real trial quantizes and measures a model and costs seconds; a table (``benchmarks/tables/``)
+holds every configuration of a real space measured once, so that many studies with many seeds can
+be replayed in minutes. The objective looks the configuration up and returns POT's weighted loss
+(``optuna_quant.loss``), scaled by the table's default configuration. A sampler is judged by how
+few trials it needs to reach the targets.
+
+Samplers: Optuna's ``random``, ``optuna-tpe`` and ``optuna-gp`` (5.0 defaults, seeded),
+``hyperopt-tpe`` with POT's settings run through hyperopt's own ``fmin`` loop, optuna-quant's
+``oq-gp`` and ``oq-tpe`` when importable, and any ``--sampler module:callable`` (a callable that
+takes ``seed`` and returns a sampler).
+
+Example:
+    .venv/bin/python -m benchmarks.bench_samplers --seeds 20 --budget 100 --jobs 1
+
+Metrics per sampler and table, over the seeds:
+
+- trials-to-target: 1-based index of the first trial that meets both targets, ``budget + 1`` if
+  none does (median and IQR), and the success rate within the budget;
+- best ``lat_diff`` within the accuracy target after 25, 50, 100 trials and the budget (median; a study with
+  no such trial counts as the worst, so a median of ``None`` means most studies had none);
+- duplicates: trials whose configuration was suggested before while unevaluated ones remained
+  (each is a spent trial, as in POT, which returned the stored result);
+- sampler time per trial: study time minus objective time, per trial.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One thread per process: the machine is shared, and --jobs is the only parallelism wanted.
+# Set before numpy and torch load, which read these once.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from functools import lru_cache  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+
+from benchmarks.table import Key, Table, table_paths  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CHECKPOINTS = (25, 50, 100)
+HYPEROPT_TPE = "hyperopt-tpe"
+BASELINES = {
+    "random": "optuna.samplers:RandomSampler",
+    "optuna-tpe": "optuna.samplers:TPESampler",
+    "optuna-gp": "optuna.samplers:GPSampler",
+    HYPEROPT_TPE: HYPEROPT_TPE,
+}
+PEERS = {
+    "oq-gp": "optuna_quant.samplers:DiscreteGPSampler",
+    "oq-tpe": "optuna_quant.samplers:TPESampler",
+}
+# POT's hyperopt settings (DESIGN.md section 8); n_EI_candidates and prior_weight depend on the space.
+POT_N_STARTUP_JOBS = 10
+POT_GAMMA = 0.3
+
+
+@dataclass
+class Trace:
+    """What one study did, trial by trial."""
+
+    keys: list[Key] = field(default_factory=list)
+    acc_loss: list[float] = field(default_factory=list)
+    lat_diff: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    sampler_seconds: float = 0.0
+
+
+class Replay:
+    """The table-backed objective shared by every runner: looks up, records, times itself.
+
+    Args:
+        table: The table to replay.
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.trace = Trace()
+        self._objective_seconds = 0.0
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Count the enclosed time as objective time, not sampler time."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._objective_seconds += time.perf_counter() - start
+
+    def evaluate(self, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Look a configuration up and record it; returns its row and POT's loss."""
+        row = self.table.lookup(params)
+        loss = self.table.loss(params)
+        self.trace.keys.append(self.table.key(params))
+        self.trace.acc_loss.append(row["acc_loss"])
+        self.trace.lat_diff.append(row["lat_diff"])
+        self.trace.loss.append(loss)
+        return row, loss
+
+    def finish(self, study_seconds: float) -> Trace:
+        """The trace, with the sampler's share of ``study_seconds``."""
+        self.trace.sampler_seconds = study_seconds - self._objective_seconds
+        return self.trace
+
+
+SamplerFactory = Callable[[int], optuna.samplers.BaseSampler]
+
+
+def resolve(spec: str) -> SamplerFactory:
+    """The sampler factory named by ``module:callable``; it is called as ``factory(seed=seed)``.
+
+    Raises:
+        ImportError: If the module cannot be imported.
+        AttributeError: If the module has no such callable.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"A sampler spec is module:callable, got {spec!r}.")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return lambda seed: factory(seed=seed)
+
+
+def run_optuna(factory: SamplerFactory, table: Table, seed: int, budget: int, constraints: bool) -> Trace:
+    """One Optuna study of ``budget`` trials on the table."""
+    replay = Replay(table)
+    target = table.target
+
+    def objective(trial: optuna.Trial) -> float:
+        params = {name: trial.suggest_categorical(name, table.params[name]) for name in table.names}
+        with replay.timing():
+            row, loss = replay.evaluate(params)
+            trial.set_user_attr("acc_loss", row["acc_loss"])
+            trial.set_user_attr("lat_diff", row["lat_diff"])
+            if constraints:
+                trial.set_constraint("accuracy", row["acc_loss"] - target.acc_th)
+                trial.set_constraint("latency", target.lat_th - row["lat_diff"])
+        return loss
+
+    start = time.perf_counter()
+    study = optuna.create_study(sampler=factory(seed))
+    study.optimize(objective, n_trials=budget)
+    return replay.finish(time.perf_counter() - start)
+
+
+def smallest_choice_count(table: Table) -> int:
+    """POT's M: the fewest choices of any parameter that has more than one."""
+    return min(len(choices) for choices in table.params.values() if len(choices) > 1)
+
+
+def run_hyperopt(table: Table, seed: int, budget: int) -> Trace:
+    """One hyperopt ``fmin`` run with POT's TPE settings on the table."""
+    import hyperopt
+
+    replay = Replay(table)
+    m = smallest_choice_count(table)
+    algo = hyperopt.partial(
+        hyperopt.tpe.suggest,
+        n_startup_jobs=POT_N_STARTUP_JOBS,
+        gamma=POT_GAMMA,
+        n_EI_candidates=m,
+        prior_weight=1.0 / m,
+    )
+    space = {name: hyperopt.hp.choice(name, table.params[name]) for name in table.names}
+
+    def objective(params: dict[str, Any]) -> float:
+        with replay.timing():
+            return replay.evaluate(params)[1]
+
+    start = time.perf_counter()
+    hyperopt.fmin(
+        objective,
+        space,
+        algo=algo,
+        max_evals=budget,
+        trials=hyperopt.Trials(),
+        rstate=np.random.default_rng(seed),
+        show_progressbar=False,
+    )
+    return replay.finish(time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One study to replay; picklable, so that it can run in a worker process."""
+
+    sampler: str
+    spec: str
+    table_path: str
+    seed: int
+    budget: int
+    constraints: bool
+
+
+@lru_cache(maxsize=None)
+def load_table(path: str) -> Table:
+    """A table, read once per process."""
+    return Table.load(path)
+
+
+def run_task(task: Task) -> Trace:
+    """Replay one study."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    table = load_table(task.table_path)
+    if task.spec == HYPEROPT_TPE:
+        return run_hyperopt(table, task.seed, task.budget)
+    return run_optuna(resolve(task.spec), table, task.seed, task.budget, task.constraints)
+
+
+# ---- metrics -------------------------------------------------------------------------------
+
+
+def trials_to_target(trace: Trace, table: Table, budget: int) -> int:
+    """1-based index of the first trial meeting both targets; ``budget + 1`` if none does."""
+    for index, (acc_loss, lat_diff) in enumerate(zip(trace.acc_loss, trace.lat_diff), start=1):
+        if table.target.met(acc_loss, lat_diff):
+            return index
+    return budget + 1
+
+
+def count_duplicates(keys: Sequence[Key], space_size: int) -> int:
+    """Trials whose configuration was suggested before while unevaluated ones remained."""
+    seen: set[Key] = set()
+    duplicates = 0
+    for key in keys:
+        if key in seen and len(seen) < space_size:
+            duplicates += 1
+        seen.add(key)
+    return duplicates
+
+
+def best_feasible_lat_diff(trace: Trace, table: Table, n_trials: int) -> float | None:
+    """The best ``lat_diff`` within the accuracy target among the first ``n_trials`` trials."""
+    within = [
+        lat_diff
+        for acc_loss, lat_diff in zip(trace.acc_loss[:n_trials], trace.lat_diff[:n_trials])
+        if table.target.accuracy_met(acc_loss)
+    ]
+    return max(within, default=None)
+
+
+def checkpoints(budget: int) -> list[int]:
+    """The trial counts at which the best ``lat_diff`` is reported: 25, 50, 100 and the budget."""
+    return sorted({n for n in CHECKPOINTS if n < budget} | {budget})
+
+
+def median_missing_worst(values: Sequence[float | None]) -> float | None:
+    """The median, a missing value counting as the worst; ``None`` when the median is missing."""
+    median = float(np.median([-np.inf if v is None else v for v in values]))
+    return median if np.isfinite(median) else None
+
+
+def quartiles(values: Sequence[float] | np.ndarray, axis: int | None = None) -> np.ndarray:
+    """25th, 50th and 75th percentiles."""
+    return np.percentile(np.asarray(values, dtype=float), [25, 50, 75], axis=axis)
+
+
+def summarise(traces: Sequence[Trace], table: Table, budget: int) -> dict[str, Any]:
+    """The metrics of one sampler on one table over its seeds."""
+    hits = [trials_to_target(trace, table, budget) for trace in traces]
+    q25, median, q75 = quartiles(hits)
+    duplicates = [count_duplicates(trace.keys, table.size) for trace in traces]
+    sampler_ms = [1000.0 * trace.sampler_seconds / len(trace.keys) for trace in traces]
+    curves = quartiles([np.minimum.accumulate(trace.loss) for trace in traces], axis=0)
+    return {
+        "trials_to_target": {"median": median, "q25": q25, "q75": q75, "per_seed": hits},
+        "success_rate": float(np.mean([hit <= budget for hit in hits])),
+        "best_lat_diff": {
+            str(n): median_missing_worst([best_feasible_lat_diff(t, table, n) for t in traces])
+            for n in checkpoints(budget)
+        },
+        "duplicates": {"median": float(np.median(duplicates)), "per_seed": duplicates},
+        "sampler_ms_per_trial": float(np.median(sampler_ms)),
+        "best_loss_curve": {"q25": curves[0].tolist(), "median": curves[1].tolist(), "q75": curves[2].tolist()},
+    }
+
+
+# ---- reporting -----------------------------------------------------------------------------
+
+
+def format_table(table: Table, results: dict[str, dict[str, Any]], budget: int) -> str:
+    """A plain-text table of the metrics, one line per sampler."""
+    counts = [str(n) for n in checkpoints(budget)]
+    header = ["sampler", "to target (IQR)", "success"] + [f"lat@{n}" for n in counts] + ["dups", "ms/trial"]
+    lines = [
+        f"{table.name}: {table.size} configurations, {table.feasible_fraction:.2%} meet both targets, "
+        f"best lat_diff {table.best_lat_diff:.3f}",
+        " | ".join(header),
+    ]
+    for name, r in results.items():
+        ttt = r["trials_to_target"]
+        lats = [r["best_lat_diff"][n] for n in counts]
+        cells = [
+            name,
+            f"{ttt['median']:.1f} ({ttt['q25']:.1f}-{ttt['q75']:.1f})",
+            f"{r['success_rate']:.0%}",
+            *("-" if lat is None else f"{lat:.3f}" for lat in lats),
+            f"{r['duplicates']['median']:.1f}",
+            f"{r['sampler_ms_per_trial']:.1f}",
+        ]
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_table(table: Table, results: dict[str, dict[str, Any]], n_seeds: int, path: Path) -> None:
+    """Median best-so-far loss against trials, one line per sampler with its IQR shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in results.items():
+        curve = r["best_loss_curve"]
+        x = np.arange(1, len(curve["median"]) + 1)
+        (line,) = ax.plot(x, curve["median"], label=name)
+        ax.fill_between(x, curve["q25"], curve["q75"], color=line.get_color(), alpha=0.15)
+    ax.axhline(table.min_loss, color="black", linestyle=":", label="optimum")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("best loss so far (POT's weighted loss)")
+    ax.set_title(
+        f"{table.name}: {table.size} configs, {table.feasible_fraction:.1%} meet targets; "
+        f"median, IQR over {n_seeds} seeds",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- command line --------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The runner's options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=20, help="studies per sampler and table")
+    parser.add_argument("--seed-offset", type=int, default=0, help="first seed (use unseen seeds to check tuning)")
+    parser.add_argument("--budget", type=int, default=100, help="trials per study")
+    parser.add_argument("--tables", nargs="+", help="table names (file stems); default: all")
+    parser.add_argument(
+        "--samplers", nargs="+", help=f"subset of {sorted(BASELINES) + sorted(PEERS)}; default: all"
+    )
+    parser.add_argument(
+        "--sampler", action="append", default=[], metavar="MODULE:CALLABLE", help="an extra sampler factory"
+    )
+    parser.add_argument(
+        "--constraints",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="report both targets as trial constraints to Optuna samplers",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
+    parser.add_argument("--plots-dir", type=Path, default=RESULTS_DIR, help="where the PNGs go")
+    return parser.parse_args(argv)
+
+
+def choose_samplers(names: Sequence[str] | None, extra: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The samplers to run, ``{name: spec}``, and the skipped ones with the reason."""
+    known = {**BASELINES, **PEERS}
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"Unknown samplers {unknown}; known: {sorted(known)} (or --sampler module:callable).")
+    chosen = {name: known[name] for name in (names or known)}
+    chosen.update({spec: spec for spec in extra})
+    skipped = {}
+    for name, spec in list(chosen.items()):
+        if spec == HYPEROPT_TPE:
+            continue
+        try:
+            resolve(spec)
+        except (ImportError, AttributeError) as error:
+            skipped[name] = f"not importable: {error}"
+            del chosen[name]
+    return chosen, skipped
+
+
+def run_tasks(tasks: list[Task], jobs: int) -> list[Trace]:
+    """Replay every study, in ``jobs`` processes."""
+    if jobs <= 1:
+        return [run_task(task) for task in tasks]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run_task, tasks, chunksize=1))
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print a table per table, write the JSON and the PNGs."""
+    args = parse_args(argv)
+    samplers, skipped = choose_samplers(args.samplers, args.sampler)
+    for name, reason in skipped.items():
+        print(f"skipping {name}: {reason}", file=sys.stderr)
+    paths = table_paths(args.tables)
+    seeds = range(args.seed_offset, args.seed_offset + args.seeds)
+    tasks = [
+        Task(name, spec, str(path), seed, args.budget, args.constraints)
+        for path in paths
+        for name, spec in samplers.items()
+        for seed in seeds
+    ]
+    traces = iter(run_tasks(tasks, args.jobs))
+    report: dict[str, Any] = {
+        "command": ".venv/bin/python -m benchmarks.bench_samplers " + " ".join(sys.argv[1:] if argv is None else argv),
+        "budget": args.budget,
+        "seeds": list(seeds),
+        "constraints": args.constraints,
+        "skipped": skipped,
+        "tables": {},
+    }
+    args.plots_dir.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        table = load_table(str(path))
+        results = {name: summarise([next(traces) for _ in seeds], table, args.budget) for name in samplers}
+        report["tables"][table.name] = {
+            "size": table.size,
+            "feasible_fraction": table.feasible_fraction,
+            "best_lat_diff": table.best_lat_diff,
+            "samplers": results,
+        }
+        print(format_table(table, results, args.budget), end="\n\n")
+        plot_table(table, results, args.seeds, args.plots_dir / f"samplers_{table.name}.png")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""One trial: parameters -> int8 model -> accuracy and latency -> POT's weighted loss.
+
+:class:`QuantizationObjective` is a plain Optuna objective: it works with the study that
+:func:`optuna_quant.create_study` builds and with any study a user builds. What every worker of a
+study must agree on (the fp32 accuracy, the loss scaling from the reference trial, the search
+space and the model's fingerprint) is stored in the study's user attrs the first time and read
+from there afterwards, so a second worker neither re-measures nor disagrees.
+
+Example:
+    >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
+    >>> study = optuna.create_study()                                       # doctest: +SKIP
+    >>> study.optimize(objective, n_trials=50)                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+import hashlib
+import logging
+import time
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_quant.evaluate import accepts_subset_size
+from optuna_quant.evaluate import checked_score
+from optuna_quant.evaluate import EvalFn
+from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.latency import LatencyResult
+from optuna_quant.latency import measure_latency
+from optuna_quant.loss import LossScaling
+from optuna_quant.loss import relative_accuracy_loss
+from optuna_quant.loss import Targets
+from optuna_quant.loss import weighted_loss
+from optuna_quant.model_io import batch_of
+from optuna_quant.model_io import load_model
+from optuna_quant.model_io import ModelLike
+from optuna_quant.model_io import to_feeds
+from optuna_quant.quantize import Quantizer
+from optuna_quant.results import best_trial
+from optuna_quant.space import SCOPES
+from optuna_quant.space import SearchSpace
+from optuna_quant.stopping import target_reached
+
+_logger = logging.getLogger("optuna_quant")
+
+FP32_ACCURACY_KEY = "fp32_accuracy"
+FP32_LATENCY_KEY = "fp32_latency_ms"
+SCALING_KEY = "loss_scaling"
+SPACE_KEY = "search_space"
+TARGETS_KEY = "targets"
+MODEL_KEY = "model_sha256"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one configuration measured.
+
+    Attributes:
+        accuracy: The int8 model's score from ``eval_fn``.
+        acc_loss: Relative accuracy loss against fp32.
+        latency: The paired latency measurement.
+        quantize_seconds: Time to build the int8 model (calibration included, if any ran).
+        eval_seconds: Time spent in ``eval_fn``.
+        latency_seconds: Time spent timing.
+    """
+
+    accuracy: float
+    acc_loss: float
+    latency: LatencyResult
+    quantize_seconds: float
+    eval_seconds: float
+    latency_seconds: float
+
+    @property
+    def lat_diff(self) -> float:
+        """``fp32_latency / int8_latency``."""
+        return self.latency.lat_diff
+
+    def user_attrs(self) -> dict[str, float]:
+        """The trial user attrs that record this measurement."""
+        return {
+            "acc_loss": self.acc_loss,
+            "lat_diff": self.lat_diff,
+            "accuracy": self.accuracy,
+            "fp32_latency_ms": self.latency.fp32_ms,
+            "int8_latency_ms": self.latency.int8_ms,
+            "lat_diff_spread": self.latency.spread,
+            "quantize_s": self.quantize_seconds,
+            "eval_s": self.eval_seconds,
+            "latency_s": self.latency_seconds,
+        }
+
+
+class QuantizationObjective:
+    """The Optuna objective that tunes int8 quantization of one model.
+
+    Args:
+        model: An ONNX model: a path or an ``onnx.ModelProto``.
+        calibration_data: Iterable of ``{input_name: array}`` (or arrays, for a single input).
+        eval_fn: ``eval_fn(session) -> float``, higher is better. It may take ``subset_size``.
+        targets: The accuracy and latency targets and loss weights.
+        scopes: The tuning scopes that vary (see :mod:`optuna_quant.space`).
+        nodes: Restrict the ``layer`` scope to these node names (default: every quantizable node).
+        space: A ready search space; overrides ``scopes`` and ``nodes``.
+        benchmark: How latency is measured.
+        fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
+        eval_subset_size: Evaluate every model on the first N samples only.
+        stop_on_target: Prune a running trial once another trial has met both targets.
+
+    Raises:
+        FileNotFoundError, ValueError: For a bad model, calibration data or setting; raised here,
+            before any trial runs.
+    """
+
+    def __init__(
+        self,
+        model: ModelLike,
+        calibration_data: Iterable[Any],
+        eval_fn: EvalFn,
+        *,
+        targets: Targets | None = None,
+        scopes: Iterable[str] = SCOPES,
+        nodes: Iterable[str] | None = None,
+        space: SearchSpace | None = None,
+        benchmark: BenchmarkSettings | None = None,
+        fp32_accuracy: float | None = None,
+        eval_subset_size: int | None = None,
+        stop_on_target: bool = False,
+    ) -> None:
+        if not callable(eval_fn):
+            raise TypeError(f"eval_fn must be callable, got {eval_fn!r}.")
+        if eval_subset_size is not None:
+            if isinstance(eval_subset_size, bool) or not isinstance(eval_subset_size, int) or eval_subset_size < 1:
+                raise ValueError(f"eval_subset_size must be a positive integer, got {eval_subset_size!r}.")
+            if not accepts_subset_size(eval_fn):
+                raise ValueError(
+                    "eval_subset_size is set but eval_fn takes no 'subset_size' keyword; "
+                    "add one, or use optuna_quant.Top1Accuracy."
+                )
+        self.model = load_model(model)
+        self.space = space or SearchSpace.from_model(self.model, scopes=scopes, nodes=nodes)
+        self.targets = targets or Targets()
+        self.benchmark = benchmark or BenchmarkSettings()
+        self.eval_fn = eval_fn
+        self.eval_subset_size = eval_subset_size
+        self.stop_on_target = stop_on_target
+        self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
+        feeds = to_feeds(calibration_data, self.model)
+        if len(feeds) * len(next(iter(feeds[0].values()))) < self.benchmark.batch_size:
+            raise ValueError(
+                f"benchmark.batch_size is {self.benchmark.batch_size} but calibration_data holds "
+                "fewer samples."
+            )
+        self.latency_feed = batch_of(feeds, self.benchmark.batch_size)
+        self.quantizer = Quantizer(self.model, feeds)
+        self.model_sha256 = hashlib.sha256(self.model.SerializeToString()).hexdigest()
+        self._fp32_session = self._session(self.model)
+        self.scaling: LossScaling | None = None
+        self.max_trials: int | None = None
+        self.started = time.perf_counter()
+
+    def _session(self, model: onnx.ModelProto) -> ort.InferenceSession:
+        return ort.InferenceSession(
+            model.SerializeToString(), self.benchmark.session_options(), providers=["CPUExecutionProvider"]
+        )
+
+    def _evaluate(self, session: ort.InferenceSession, what: str) -> float:
+        kwargs = {} if self.eval_subset_size is None else {"subset_size": self.eval_subset_size}
+        try:
+            value = self.eval_fn(session, **kwargs)
+        except Exception as err:
+            raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
+        return checked_score(value, f"eval_fn on the {what} model")
+
+    def measure(self, params: Mapping[str, Any]) -> Measurement:
+        """Build, evaluate and time the configuration ``params`` (no study needed).
+
+        Raises:
+            ValueError: If ``params`` do not describe a configuration of the space.
+            RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
+        """
+        fp32_accuracy = self.baseline()
+        config = self.space.to_config(params)
+        start = time.perf_counter()
+        int8 = self._session(self.quantizer.quantize(config))
+        quantized = time.perf_counter()
+        accuracy = self._evaluate(int8, "int8")
+        evaluated = time.perf_counter()
+        latency = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+        return Measurement(
+            accuracy=accuracy,
+            acc_loss=relative_accuracy_loss(fp32_accuracy, accuracy),
+            latency=latency,
+            quantize_seconds=quantized - start,
+            eval_seconds=evaluated - quantized,
+            latency_seconds=time.perf_counter() - evaluated,
+        )
+
+    def baseline(self) -> float:
+        """The fp32 accuracy: from ``metrics``, or measured once."""
+        if self.fp32_accuracy is None:
+            self.fp32_accuracy = self._evaluate(self._fp32_session, "fp32")
+            if self.fp32_accuracy == 0:
+                raise ValueError("eval_fn scores the fp32 model 0: a relative accuracy loss is undefined.")
+        return self.fp32_accuracy
+
+    def loss(self, measurement: Measurement) -> float:
+        """POT's weighted loss of ``measurement`` under the study's scaling."""
+        if self.scaling is None:
+            raise RuntimeError("The loss scaling is not set yet: call prepare(study) first.")
+        return weighted_loss(measurement.acc_loss, measurement.lat_diff, self.targets, self.scaling)
+
+    def prepare(self, study: optuna.Study) -> None:
+        """Share the fp32 baseline and loss scaling through ``study``, measuring them if new.
+
+        The first worker measures the reference configuration (the space's default), stores the
+        scaling and records the reference as a trial; later workers read what is stored.
+
+        Raises:
+            ValueError: If the study was made for another model, space or targets.
+        """
+        if self.scaling is not None:
+            return
+        attrs = study.user_attrs
+        own = {
+            MODEL_KEY: self.model_sha256,
+            SPACE_KEY: self.space.to_dict(),
+            TARGETS_KEY: self.targets.to_dict(),
+        }
+        for key, value in own.items():
+            if key in attrs and attrs[key] != value:
+                raise ValueError(
+                    f"Study {study.study_name!r} was made with another {key.replace('_', ' ')} "
+                    f"({attrs[key]!r}, here {value!r}); use another study name or cold_start."
+                )
+        if SCALING_KEY in attrs:
+            self.fp32_accuracy = attrs[FP32_ACCURACY_KEY]
+            self.scaling = LossScaling.from_dict(attrs[SCALING_KEY])
+            return
+        for key, value in own.items():
+            study.set_user_attr(key, value)
+        study.set_user_attr(FP32_ACCURACY_KEY, self.baseline())
+        params = self.space.default_params()
+        reference = self.measure(params)
+        self.scaling = LossScaling.from_reference(reference.acc_loss, reference.lat_diff, self.targets)
+        study.set_user_attr(FP32_LATENCY_KEY, reference.latency.fp32_ms)
+        study.set_user_attr(SCALING_KEY, self.scaling.to_dict())
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=self.space.distributions(),
+                value=self.loss(reference),
+                user_attrs={**reference.user_attrs(), "reference": True},
+                system_attrs={f"constraints:{k}": v for k, v in self._constraints(reference).items()},
+            )
+        )
+        _logger.info(
+            "Reference (default configuration) acc_loss: %.4f lat_diff: %.4f",
+            reference.acc_loss,
+            reference.lat_diff,
+        )
+
+    def _constraints(self, measurement: Measurement) -> dict[str, float]:
+        return {
+            "accuracy": measurement.acc_loss - self.targets.acc_th,
+            "latency": self.targets.lat_th - measurement.lat_diff,
+        }
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        study = trial.study
+        self.prepare(study)
+        params = self.space.suggest(trial)
+        total = "?" if self.max_trials is None else self.max_trials
+        _logger.info("Trial iteration start: %d / %s", trial.number + 1, total)
+        previous = _evaluated(study, params, trial.number)
+        if previous is not None:
+            for key, value in previous.user_attrs.items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("duplicate_of", previous.number)
+            for key, value in previous.constraints.items():
+                trial.set_constraint(key, value)
+            _logger.info(
+                "Params already evaluated. Returning previous result: acc_loss: %.4f lat_diff: %.4f",
+                previous.user_attrs["acc_loss"],
+                previous.user_attrs["lat_diff"],
+            )
+            self._log_end(study, trial.number, total)
+            return float(previous.value)
+        self._prune_if_target_reached(study)
+        try:
+            measurement = self.measure(params)
+        except Exception as err:
+            # Optuna records a failed trial without its reason; keep it where the dashboard shows it.
+            trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
+            raise
+        self._prune_if_target_reached(study)
+        for key, value in measurement.user_attrs().items():
+            trial.set_user_attr(key, value)
+        for key, value in self._constraints(measurement).items():
+            trial.set_constraint(key, value)
+        _logger.info(
+            "Current iteration acc_loss: %.4f lat_diff: %.4f exec_time: %.4f",
+            measurement.acc_loss,
+            measurement.lat_diff,
+            (time.perf_counter() - self.started) / 60,
+        )
+        loss = self.loss(measurement)
+        self._log_end(study, trial.number, total, (measurement.acc_loss, measurement.lat_diff, loss))
+        return loss
+
+    def _prune_if_target_reached(self, study: optuna.Study) -> None:
+        if self.stop_on_target:
+            number = target_reached(study)
+            if number is not None:
+                raise optuna.TrialPruned(f"Trial {number} already met both targets.")
+
+    def _log_end(
+        self, study: optuna.Study, number: int, total: object, current: tuple[float, float, float] | None = None
+    ) -> None:
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if current is not None:
+            acc_loss, lat_diff, loss = current
+            trials = [*trials, optuna.trial.create_trial(
+                value=loss, user_attrs={"acc_loss": acc_loss, "lat_diff": lat_diff}
+            )]
+        best = best_trial(trials, self.targets)
+        if best is not None:
+            _logger.info(
+                "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f",
+                number + 1,
+                total,
+                best.user_attrs["acc_loss"],
+                best.user_attrs["lat_diff"],
+            )
+
+
+def _evaluated(study: optuna.Study, params: Mapping[str, Any], number: int) -> FrozenTrial | None:
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.number != number and trial.params == params and "acc_loss" in trial.user_attrs:
+            return trial
+    return None

@@ -1,0 +1,85 @@
+"""What a trial recorded, and POT's rule for the best trial of a study."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_quant.loss import best_index
+from optuna_quant.loss import Result
+from optuna_quant.loss import Targets
+
+
+def recorded(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The completed trials that carry a measurement (``acc_loss`` and ``lat_diff``)."""
+    return [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE and "acc_loss" in t.user_attrs and t.value is not None
+    ]
+
+
+def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
+    """The best trial by POT's rule (see :func:`optuna_quant.loss.best_index`), or ``None``."""
+    candidates = recorded(trials)
+    index = best_index(
+        [Result(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"], float(t.value)) for t in candidates],
+        targets,
+    )
+    return None if index is None else candidates[index]
+
+
+@dataclass(frozen=True)
+class BestResult:
+    """The best trial of a run, as a user reads it.
+
+    Attributes:
+        number: The trial number.
+        params: Its parameters.
+        acc_loss: Relative accuracy loss against fp32.
+        lat_diff: Speed-up against fp32.
+        loss: POT's weighted loss.
+        missed: The targets it misses (``"accuracy"``, ``"latency"``); empty when both are met.
+    """
+
+    number: int
+    params: dict[str, Any]
+    acc_loss: float
+    lat_diff: float
+    loss: float
+    missed: tuple[str, ...]
+
+    @property
+    def targets_met(self) -> bool:
+        """Whether both targets are met."""
+        return not self.missed
+
+    @classmethod
+    def from_trial(cls, trial: FrozenTrial, targets: Targets) -> BestResult:
+        """The result that ``trial`` recorded."""
+        acc_loss, lat_diff = trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"]
+        return cls(
+            number=trial.number,
+            params=dict(trial.params),
+            acc_loss=acc_loss,
+            lat_diff=lat_diff,
+            loss=float(trial.value),
+            missed=tuple(targets.missed(acc_loss, lat_diff)),
+        )
+
+    def summary(self) -> str:
+        """One line in POT's terms, saying which target was missed, if any."""
+        verdict = {
+            (): "targets met",
+            ("latency",): "accuracy met but not latency",
+            ("accuracy",): "latency met but not accuracy",
+            ("accuracy", "latency"): "neither target met",
+        }[self.missed]
+        return (
+            f"Best trial {self.number}: acc_loss: {self.acc_loss:.4f} lat_diff: {self.lat_diff:.4f} "
+            f"({verdict})"
+        )

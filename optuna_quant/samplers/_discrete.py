@@ -1,0 +1,239 @@
+"""The finite search space that both samplers of this package work on, and the study's history on it.
+
+A configuration is a tuple of choice indices, one per parameter (sorted by name). Both samplers
+keep every configuration that was completed, failed, pruned or is still running in a set, so that
+they never propose one again while unseen configurations remain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+import math
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.distributions import IntDistribution
+from optuna.study import Study
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+Config = tuple[int, ...]
+
+# Enumerating more configurations than this costs more memory than it saves over sampling.
+_ENUMERATION_LIMIT = 200_000
+
+
+def choices_of(name: str, distribution: BaseDistribution) -> tuple[Any, ...]:
+    """The finite list of values that ``distribution`` allows.
+
+    Raises:
+        ValueError: For a float parameter without a step, which has no finite list of values.
+    """
+    if isinstance(distribution, CategoricalDistribution):
+        return tuple(distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        if distribution.log:
+            return tuple(range(distribution.low, distribution.high + 1))
+        return tuple(range(distribution.low, distribution.high + 1, distribution.step))
+    if isinstance(distribution, FloatDistribution) and distribution.step is not None:
+        n = int(round((distribution.high - distribution.low) / distribution.step)) + 1
+        return tuple(float(distribution.low + i * distribution.step) for i in range(n))
+    raise ValueError(
+        f"Parameter {name!r} has the continuous distribution {distribution!r}: the samplers of "
+        "optuna-quant need a finite space (categorical, integer, or float with a step)."
+    )
+
+
+class DiscreteSpace:
+    """A product of finite choice lists, with configurations as index tuples.
+
+    Args:
+        search_space: Optuna distributions by parameter name.
+
+    Example:
+        >>> from optuna.distributions import CategoricalDistribution, IntDistribution
+        >>> space = DiscreteSpace({"b": CategoricalDistribution(["x", "y"]), "a": IntDistribution(0, 2)})
+        >>> space.names, space.size
+        (('a', 'b'), 6)
+        >>> space.decode((2, 1))
+        {'a': 2, 'b': 'y'}
+    """
+
+    def __init__(self, search_space: Mapping[str, BaseDistribution]) -> None:
+        self.names: tuple[str, ...] = tuple(sorted(search_space))
+        self.distributions = {name: search_space[name] for name in self.names}
+        self.choices: tuple[tuple[Any, ...], ...] = tuple(
+            choices_of(name, search_space[name]) for name in self.names
+        )
+        self.n_choices = np.array([len(c) for c in self.choices], dtype=np.int64)
+        self._index = [
+            {_key(value): i for i, value in enumerate(choices)} for choices in self.choices
+        ]
+
+    @property
+    def dim(self) -> int:
+        """The number of parameters."""
+        return len(self.names)
+
+    @property
+    def size(self) -> int:
+        """The number of configurations (an exact integer, however large)."""
+        return math.prod(int(n) for n in self.n_choices)
+
+    def encode(self, params: Mapping[str, Any]) -> Config | None:
+        """The index tuple of ``params``, or ``None`` when a value lies outside the space."""
+        indices = []
+        for name, index in zip(self.names, self._index):
+            if name not in params:
+                return None
+            i = index.get(_key(params[name]))
+            if i is None:
+                return None
+            indices.append(i)
+        return tuple(indices)
+
+    def decode(self, config: Sequence[int]) -> dict[str, Any]:
+        """The parameter values of an index tuple."""
+        return {
+            name: choices[int(i)] for name, choices, i in zip(self.names, self.choices, config)
+        }
+
+    def enumerable(self) -> bool:
+        """Whether every configuration can be listed cheaply."""
+        return self.size <= _ENUMERATION_LIMIT
+
+    def all_configs(self) -> np.ndarray:
+        """Every configuration as rows of an ``(size, dim)`` index array (first index slowest)."""
+        grids = np.meshgrid(*[np.arange(n) for n in self.n_choices], indexing="ij")
+        return np.stack([g.ravel() for g in grids], axis=1)
+
+    def random_configs(self, rng: np.random.RandomState, n: int) -> np.ndarray:
+        """``n`` uniformly random configurations (duplicates possible) as an ``(n, dim)`` array."""
+        return (rng.random_sample((n, self.dim)) * self.n_choices).astype(np.int64)
+
+    def unseen(
+        self, rng: np.random.RandomState, seen: set[Config], n: int | None = None
+    ) -> np.ndarray:
+        """Up to ``n`` distinct configurations not in ``seen`` (all of them when ``n`` is None).
+
+        An enumerable space is listed in full; a larger one is sampled, which cannot run out of
+        unseen configurations in practice.
+        """
+        if self.enumerable():
+            configs = self.all_configs()
+            if seen:
+                mask = np.array([tuple(row) not in seen for row in configs.tolist()])
+                configs = configs[mask]
+            if n is not None and len(configs) > n:
+                configs = configs[rng.choice(len(configs), size=n, replace=False)]
+            return configs
+        want = 1024 if n is None else n
+        found: dict[Config, None] = {}
+        for _ in range(20):
+            for row in self.random_configs(rng, 2 * want).tolist():
+                config = tuple(row)
+                if config not in seen:
+                    found.setdefault(config)
+            if len(found) >= want:
+                break
+        return np.array(list(found)[:want], dtype=np.int64).reshape(-1, self.dim)
+
+
+def _key(value: Any) -> Any:
+    # Floats from storage may differ from the distribution's choices in the last bits.
+    if isinstance(value, float):
+        return round(value, 12)
+    return value
+
+
+@dataclass
+class History:
+    """What a sampler knows of a study on a :class:`DiscreteSpace`.
+
+    Attributes:
+        configs: Completed configurations, ``(n, dim)`` indices.
+        values: Their objective values, turned so that lower is better.
+        constraints: Their constraint values, ``(n, k)`` (feasible when all are <= 0), or ``None``
+            when the study records no constraints.
+        running: Configurations of running or waiting trials, ``(m, dim)``.
+        seen: Every configuration completed, failed, pruned or running.
+    """
+
+    configs: np.ndarray
+    values: np.ndarray
+    constraints: np.ndarray | None
+    running: np.ndarray
+    seen: set[Config]
+
+    @classmethod
+    def from_trials(
+        cls,
+        study: Study,
+        trials: Iterable[FrozenTrial],
+        space: DiscreteSpace,
+        encoded: dict[int, Config | None] | None = None,
+    ) -> History:
+        """Collect the history of ``study`` restricted to ``space``.
+
+        Trials whose parameters lie outside ``space`` are left out. Constraints are read from
+        ``trial.constraints`` (``trial.set_constraint``); a completed trial without them, in a
+        study where others have them, counts as infeasible.
+
+        Args:
+            study: The study the trials belong to.
+            trials: Its trials.
+            space: The space to encode them in.
+            encoded: A memo of finished trials' configurations by trial id, which a caller keeps
+                between calls on the same ``space`` and ``study``: a finished trial's parameters
+                never change, so that each is encoded once instead of on every call.
+        """
+        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        configs: list[Config] = []
+        values: list[float] = []
+        constraint_rows: list[dict[str, float]] = []
+        running: list[Config] = []
+        seen: set[Config] = set()
+        for trial in trials:
+            if encoded is not None and trial._trial_id in encoded:
+                config = encoded[trial._trial_id]
+            else:
+                config = space.encode(trial.params)
+                if encoded is not None and trial.state.is_finished():
+                    encoded[trial._trial_id] = config
+            if config is None:
+                continue
+            if trial.state == TrialState.COMPLETE and trial.value is not None:
+                configs.append(config)
+                values.append(sign * float(trial.value))
+                constraint_rows.append(dict(trial.constraints))
+                seen.add(config)
+            elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+                running.append(config)
+                seen.add(config)
+            elif trial.state in (TrialState.FAIL, TrialState.PRUNED):
+                seen.add(config)
+        keys = sorted({key for row in constraint_rows for key in row})
+        constraints = None
+        if keys:
+            constraints = np.array(
+                [[row.get(key, math.inf) for key in keys] for row in constraint_rows], dtype=float
+            ).reshape(len(constraint_rows), len(keys))
+        return cls(
+            configs=np.array(configs, dtype=np.int64).reshape(-1, space.dim),
+            values=np.array(values, dtype=float),
+            constraints=constraints,
+            running=np.array(running, dtype=np.int64).reshape(-1, space.dim),
+            seen=seen,
+        )
+
+    @property
+    def feasible(self) -> np.ndarray:
+        """A boolean mask of the completed configurations that meet every constraint."""
+        if self.constraints is None:
+            return np.ones(len(self.values), dtype=bool)
+        return np.all(self.constraints <= 0, axis=1)

@@ -1,0 +1,480 @@
+"""A Tree-structured Parzen Estimator sampler that never spends a trial on a repeat.
+
+TPE (Bergstra et al. 2011, "Algorithms for Hyper-Parameter Optimization") splits the observations
+into good ones (the best ``gamma``) and bad ones, fits a Parzen estimator ``l(x)`` to the good and
+``g(x)`` to the bad, draws candidates from ``l`` and proposes the one with the highest ``l(x) / g(x)``.
+The estimators live in :mod:`optuna_quant.samplers._parzen`; this module orchestrates.
+
+On a finite space (categorical, integer, and float-with-step parameters) the sampler never proposes
+a configuration that was already completed, failed, pruned or is still running while unseen ones
+remain: it ranks the drawn candidates, takes the best unseen one, draws again when all drawn ones
+were seen, and falls back to a random unseen configuration. OpenVINO POT instead returned the stored
+result of a repeat, which spends a trial on nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+import functools
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.samplers import BaseSampler
+from optuna.search_space import IntersectionSearchSpace
+from optuna.study import Study
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_quant.samplers._discrete import Config
+from optuna_quant.samplers._discrete import DiscreteSpace
+from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._parzen import CategoricalDim
+from optuna_quant.samplers._parzen import Dim
+from optuna_quant.samplers._parzen import dim_of
+from optuna_quant.samplers._parzen import linear_forgetting_weights
+from optuna_quant.samplers._parzen import MultivariateParzen
+from optuna_quant.samplers._parzen import NumericDim
+from optuna_quant.samplers._parzen import UnivariateParzen
+
+# Both hyperopt and Optuna cap the good set at 25 observations.
+_MAX_GOOD = 25
+# Candidate batches drawn, all of them seen, before a random unseen configuration is taken.
+_DRAW_ROUNDS = 4
+# Uniform draws tried before the finite space is listed to find an unseen configuration.
+_RANDOM_TRIES = 64
+
+
+def quantile_gamma(gamma: float, n: int) -> int:
+    """The number of good observations among ``n``: ``ceil(gamma * n)``, at most 25.
+
+    Example:
+        >>> quantile_gamma(0.1, 95), quantile_gamma(0.1, 1000)
+        (10, 25)
+    """
+    return min(math.ceil(gamma * n), _MAX_GOOD)
+
+
+def sqrt_gamma(gamma: float, n: int) -> int:
+    """hyperopt's split: ``ceil(gamma * sqrt(n))`` good observations among ``n``, at most 25.
+
+    Example:
+        >>> sqrt_gamma(0.3, 100)  # POT's gamma=0.3 keeps only 3 of 100 as good
+        3
+    """
+    return min(math.ceil(gamma * math.sqrt(n)), _MAX_GOOD)
+
+
+class TPESampler(BaseSampler):
+    """Sampler using TPE, re-implemented, with a never-repeat rule and OpenVINO POT's preset.
+
+    Observations are split into good and bad: with constraints (``trial.set_constraint``, feasible
+    when every value is <= 0), feasible trials rank first by objective value and infeasible ones
+    follow by their total violation, as in Optuna's TPE. Running trials count as bad
+    observations (constant liar), so that parallel workers spread out.
+
+    Example:
+        >>> import optuna
+        >>> def objective(trial):
+        ...     x = trial.suggest_int("x", -5, 5)
+        ...     y = trial.suggest_float("y", -1.0, 1.0)
+        ...     z = trial.suggest_categorical("z", ["a", "b"])
+        ...     return x**2 + y**2 + (z == "b")
+        >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
+        >>> study = optuna.create_study(sampler=TPESampler(seed=0))
+        >>> study.optimize(objective, n_trials=30)
+        >>> study.best_value < 1
+        True
+
+    Args:
+        n_startup_trials: Completed trials sampled at random before TPE starts.
+        n_ei_candidates: Candidates drawn from ``l(x)`` per proposal. ``None``: POT's ``M``, the
+            smallest number of choices of any finite parameter with more than one.
+        gamma: The good share of the observations: a float ``g`` keeps the best ``ceil(g * n)``
+            (at most 25); a callable maps ``n`` to the number kept, e.g.
+            ``functools.partial(sqrt_gamma, 0.3)`` for hyperopt's rule.
+        prior_weight: Weight of the prior in each estimator (the pseudo-count per choice of a
+            categorical in the independent model). ``None``: POT's ``1 / M``.
+        multivariate: Model the parameters jointly (a mixture of product kernels) instead of
+            one model per parameter.
+        constant_liar: Count running trials as bad observations.
+        seed: Seed of the random number generator.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_startup_trials: int = 10,
+        n_ei_candidates: int | None = 24,
+        gamma: float | Callable[[int], int] = 0.1,
+        prior_weight: float | None = 1.0,
+        multivariate: bool = False,
+        constant_liar: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        if n_startup_trials < 0:
+            raise ValueError(f"n_startup_trials must not be negative, got {n_startup_trials!r}.")
+        if n_ei_candidates is not None and n_ei_candidates < 1:
+            raise ValueError(f"n_ei_candidates must be positive, got {n_ei_candidates!r}.")
+        if prior_weight is not None and not prior_weight > 0:
+            raise ValueError(f"prior_weight must be positive, got {prior_weight!r}.")
+        if not callable(gamma) and not 0 < gamma <= 1:
+            raise ValueError(f"gamma must lie in (0, 1] or be a callable, got {gamma!r}.")
+        self._n_startup_trials = n_startup_trials
+        self._n_ei_candidates = n_ei_candidates
+        self._gamma: Callable[[int], int] = (
+            gamma if callable(gamma) else functools.partial(quantile_gamma, gamma)
+        )
+        self._prior_weight = prior_weight
+        self._multivariate = multivariate
+        self._constant_liar = constant_liar
+        self._rng = np.random.RandomState(seed)
+        self._search_space = IntersectionSearchSpace(include_pruned=True)
+        self._spaces: dict[tuple[int, int, tuple[str, ...]], tuple[Any, DiscreteSpace, dict[int, Config | None]]] = {}
+
+    @classmethod
+    def pot(cls, *, seed: int | None = None, constant_liar: bool = True) -> TPESampler:
+        """OpenVINO POT's TPE: hyperopt's settings as POT chose them, plus the never-repeat rule.
+
+        ``n_startup_trials=10``, ``gamma=0.3`` under hyperopt's square-root rule, ``M`` candidates
+        and a prior weight of ``1 / M`` (``M`` the smallest number of choices of any parameter
+        with more than one), one independent model per parameter.
+
+        Example:
+            >>> sampler = TPESampler.pot(seed=0)
+            >>> sampler._gamma(100), sampler._n_ei_candidates, sampler._prior_weight
+            (3, None, None)
+        """
+        return cls(
+            n_startup_trials=10,
+            n_ei_candidates=None,
+            gamma=functools.partial(sqrt_gamma, 0.3),
+            prior_weight=None,
+            multivariate=False,
+            constant_liar=constant_liar,
+            seed=seed,
+        )
+
+    def reseed_rng(self) -> None:
+        self._rng.seed()
+
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        space = self._search_space.calculate(study, use_cache=True)
+        return {name: dist for name, dist in space.items() if not dist.single()}
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        return self._sample(study, search_space, never_repeat=True)
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        if param_distribution.single():
+            return _single_value(param_distribution)
+        # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
+        # configurations.
+        return self._sample(study, {param_name: param_distribution}, never_repeat=False)[param_name]
+
+    def _sample(
+        self, study: Study, search_space: Mapping[str, BaseDistribution], never_repeat: bool
+    ) -> dict[str, Any]:
+        trials = study._get_trials(deepcopy=False, use_cache=True)
+        names = sorted(search_space)
+        dims = [dim_of(search_space[name]) for name in names]
+        space: DiscreteSpace | None = None
+        if all(_is_finite(dist) for dist in search_space.values()):
+            space, encoded = self._space(study, search_space)
+            history = History.from_trials(study, trials, space, encoded)
+            observed, running = _values_of(history.configs, dims), _values_of(history.running, dims)
+        else:
+            history = _continuous_history(study, trials, names, search_space)
+            observed, running = history.configs, history.running
+        seen = None
+        # Once every configuration was seen, repeats are unavoidable and the rule stands aside.
+        if never_repeat and space is not None and len(history.seen) < space.size:
+            seen = history.seen
+
+        if len(history.values) < self._n_startup_trials:
+            x = self._random(space, dims, seen)
+        else:
+            x = self._propose(history, observed, running, dims, space, seen)
+        if space is not None:
+            return space.decode(_indices_of(x[None], dims)[0])
+        return {
+            name: search_space[name].to_external_repr(float(v)) for name, v in zip(names, x)
+        }
+
+    def _space(
+        self, study: Study, search_space: Mapping[str, BaseDistribution]
+    ) -> tuple[DiscreteSpace, dict[int, Config | None]]:
+        """The space of ``search_space`` with its memo of encoded trials, built once per space."""
+        # Trial ids are unique within a storage only; holding the storage keeps its id unique.
+        key = (id(study._storage), study._study_id, tuple(sorted(search_space)))
+        cached = self._spaces.get(key)
+        if cached is None or cached[1].distributions != dict(search_space):
+            cached = (study._storage, DiscreteSpace(search_space), {})
+            self._spaces[key] = cached
+        return cached[1], cached[2]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The memo holds a storage, which need not pickle; it is rebuilt on demand.
+        return {**self.__dict__, "_spaces": {}}
+
+    def _propose(
+        self,
+        history: History,
+        observed: np.ndarray,
+        running: np.ndarray,
+        dims: Sequence[Dim],
+        space: DiscreteSpace | None,
+        seen: set[Config] | None,
+    ) -> np.ndarray:
+        good, bad = split_good_bad(history.values, history.constraints, self._gamma)
+        observed_bad = observed[bad]
+        if self._constant_liar:
+            observed_bad = np.concatenate([observed_bad, running])
+        # POT's M; a space of continuous parameters has none, and takes hyperopt's defaults.
+        m = _min_choices(dims)
+        n_candidates = self._n_ei_candidates or (24 if m is None else m)
+        prior_weight = self._prior_weight or (1.0 if m is None else 1.0 / m)
+        estimator = MultivariateParzen if self._multivariate else UnivariateParzen
+        below = estimator(
+            observed[good], dims, linear_forgetting_weights(len(good)), prior_weight
+        )
+        above = estimator(
+            observed_bad, dims, linear_forgetting_weights(len(observed_bad)), prior_weight
+        )
+        if self._multivariate:
+            x = _best_joint(self._rng, below, above, n_candidates, dims, seen)
+        else:
+            x = _best_per_parameter(self._rng, below, above, n_candidates, dims, seen)
+        return self._random(space, dims, seen) if x is None else x
+
+    def _random(
+        self, space: DiscreteSpace | None, dims: Sequence[Dim], seen: set[Config] | None
+    ) -> np.ndarray:
+        """A uniformly random point; an unseen configuration when ``seen`` is given and one remains."""
+        if space is None:
+            return _uniform(self._rng, dims)
+        configs = space.random_configs(self._rng, _RANDOM_TRIES if seen else 1)
+        for config in configs:
+            if not seen or tuple(config.tolist()) not in seen:
+                return _values_of(config[None], dims)[0]
+        unseen = space.unseen(self._rng, seen, 1)
+        # Only sampling a huge, nearly exhausted space can come back empty: a repeat beats failing.
+        chosen = unseen[0] if len(unseen) else configs[0]
+        return _values_of(chosen[None], dims)[0]
+
+
+def split_good_bad(
+    values: np.ndarray,
+    constraints: np.ndarray | None,
+    gamma: Callable[[int], int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the good and of the bad observations, each in trial order.
+
+    Feasible observations rank first, by value (lower is better); infeasible ones follow, by their
+    total violation (the sum of the positive constraint values). The first ``gamma(n)`` are good.
+
+    Example:
+        >>> values = np.array([3.0, 1.0, 2.0, 0.5])
+        >>> constraints = np.array([[0.0], [0.0], [-1.0], [2.0]])  # the last one is infeasible
+        >>> [a.tolist() for a in split_good_bad(values, constraints, lambda n: 2)]
+        [[1, 2], [0, 3]]
+    """
+    n = len(values)
+    if constraints is None:
+        feasible = np.ones(n, dtype=bool)
+        key = values
+    else:
+        feasible = np.all(constraints <= 0, axis=1)
+        key = np.where(feasible, values, np.maximum(constraints, 0).sum(axis=1))
+    order = np.lexsort((key, ~feasible))
+    n_good = min(gamma(n), n)
+    return np.sort(order[:n_good]), np.sort(order[n_good:])
+
+
+def _best_joint(
+    rng: np.random.RandomState,
+    below: MultivariateParzen,
+    above: MultivariateParzen,
+    n_candidates: int,
+    dims: Sequence[Dim],
+    seen: set[Config] | None,
+) -> np.ndarray | None:
+    """The drawn candidate with the highest ``l(x) / g(x)``, the best unseen one under ``seen``."""
+    for _ in range(_DRAW_ROUNDS):
+        candidates = below.sample(rng, n_candidates)
+        log_ratio = below.log_pdf(candidates) - above.log_pdf(candidates)
+        order = np.argsort(-log_ratio, kind="stable")
+        if seen is None:
+            return candidates[order[0]]
+        configs = _indices_of(candidates, dims)
+        for i in order:
+            if tuple(configs[i].tolist()) not in seen:
+                return candidates[i]
+    return None
+
+
+def _best_per_parameter(
+    rng: np.random.RandomState,
+    below: UnivariateParzen,
+    above: UnivariateParzen,
+    n_candidates: int,
+    dims: Sequence[Dim],
+    seen: set[Config] | None,
+) -> np.ndarray | None:
+    """Each parameter's candidate with the highest ``l / g`` (hyperopt's rule).
+
+    Under ``seen``, the combinations of the drawn values are visited best-first by their summed
+    log ratio (the joint ratio of independent models) until an unseen one turns up.
+    """
+    scores: list[dict[int, float]] = [{} for _ in dims]
+    for _ in range(_DRAW_ROUNDS):
+        candidates = below.sample(rng, n_candidates)
+        log_ratio = below.log_pdf(candidates) - above.log_pdf(candidates)
+        if seen is None:
+            best = np.argmax(log_ratio, axis=0)
+            return candidates[best, np.arange(len(dims))]
+        configs = _indices_of(candidates, dims)
+        for j, by_index in enumerate(scores):
+            by_index.update(zip(configs[:, j].tolist(), log_ratio[:, j].tolist()))
+        config = _best_unseen_combination(scores, seen)
+        if config is not None:
+            return _values_of(np.array([config]), dims)[0]
+    return None
+
+
+def _best_unseen_combination(
+    scores: Sequence[Mapping[int, float]], seen: set[Config]
+) -> Config | None:
+    """The unseen combination of one index per parameter with the highest summed score.
+
+    Best-first search over the product of the per-parameter lists sorted by score: each
+    combination is reached once, by raising ranks in parameter order only, and the search stops
+    at the first unseen combination, after at most ``len(seen) + 1`` steps.
+
+    Example:
+        >>> _best_unseen_combination([{0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.5}], seen={(0, 1)})
+        (0, 0)
+    """
+    ranked = [sorted(s.items(), key=lambda item: -item[1]) for s in scores]
+    start = (0,) * len(ranked)
+    heap = [(-sum(r[0][1] for r in ranked), start, 0)]
+    while heap:
+        neg_score, ranks, first = heapq.heappop(heap)
+        config = tuple(r[k][0] for r, k in zip(ranked, ranks))
+        if config not in seen:
+            return config
+        for j in range(first, len(ranked)):
+            k = ranks[j]
+            if k + 1 < len(ranked[j]):
+                step = ranked[j][k][1] - ranked[j][k + 1][1]
+                heapq.heappush(heap, (neg_score + step, ranks[:j] + (k + 1,) + ranks[j + 1 :], j))
+    return None
+
+
+def _is_finite(distribution: BaseDistribution) -> bool:
+    return not (isinstance(distribution, FloatDistribution) and distribution.step is None)
+
+
+def _single_value(distribution: BaseDistribution) -> Any:
+    if isinstance(distribution, CategoricalDistribution):
+        return distribution.choices[0]
+    return distribution.low  # type: ignore[attr-defined]
+
+
+def _min_choices(dims: Sequence[Dim]) -> int | None:
+    """POT's ``M``: the fewest choices of a finite parameter with more than one."""
+    counts = [
+        d.n_choices if isinstance(d, CategoricalDim) else round((d.high - d.low) / d.step) + 1
+        for d in dims
+        if isinstance(d, CategoricalDim) or d.step is not None
+    ]
+    counts = [c for c in counts if c > 1]
+    return min(counts) if counts else None
+
+
+def _values_of(configs: np.ndarray, dims: Sequence[Dim]) -> np.ndarray:
+    """Index configurations of a :class:`DiscreteSpace` as the estimators' values."""
+    x = np.asarray(configs, dtype=float).reshape(-1, len(dims))
+    for j, d in enumerate(dims):
+        if isinstance(d, NumericDim):
+            x[:, j] = d.low + x[:, j] * d.step  # type: ignore[operator]
+    return x
+
+
+def _indices_of(x: np.ndarray, dims: Sequence[Dim]) -> np.ndarray:
+    """The estimators' values as index configurations of a :class:`DiscreteSpace`."""
+    configs = np.array(x, dtype=float)
+    for j, d in enumerate(dims):
+        if isinstance(d, NumericDim):
+            configs[:, j] = (configs[:, j] - d.low) / d.step  # type: ignore[operator]
+    return np.rint(configs).astype(np.int64)
+
+
+def _uniform(rng: np.random.RandomState, dims: Sequence[Dim]) -> np.ndarray:
+    """One uniform draw (log-uniform for log-scaled numbers)."""
+    x = np.empty(len(dims))
+    for j, d in enumerate(dims):
+        if isinstance(d, CategoricalDim):
+            x[j] = rng.randint(d.n_choices)
+        else:
+            low, high = d.bounds
+            x[j] = d.from_kernel(np.array([rng.uniform(low, high)]))[0]
+    return x
+
+
+def _continuous_history(
+    study: Study,
+    trials: Sequence[FrozenTrial],
+    names: Sequence[str],
+    search_space: Mapping[str, BaseDistribution],
+) -> History:
+    """A :class:`History` whose configurations are Optuna's internal values, for spaces that are
+    not finite; ``seen`` stays empty, as a continuous value does not repeat.
+    """
+    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+    configs: list[list[float]] = []
+    values: list[float] = []
+    constraint_rows: list[dict[str, float]] = []
+    running: list[list[float]] = []
+    for trial in trials:
+        if any(trial.distributions.get(name) != search_space[name] for name in names):
+            continue
+        x = [search_space[name].to_internal_repr(trial.params[name]) for name in names]
+        if trial.state == TrialState.COMPLETE and trial.value is not None:
+            configs.append(x)
+            values.append(sign * float(trial.value))
+            constraint_rows.append(dict(trial.constraints))
+        elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+            running.append(x)
+    keys = sorted({key for row in constraint_rows for key in row})
+    constraints = None
+    if keys:
+        constraints = np.array(
+            [[row.get(key, math.inf) for key in keys] for row in constraint_rows], dtype=float
+        ).reshape(len(constraint_rows), len(keys))
+    return History(
+        configs=np.array(configs, dtype=float).reshape(-1, len(names)),
+        values=np.array(values, dtype=float),
+        constraints=constraints,
+        running=np.array(running, dtype=float).reshape(-1, len(names)),
+        seen=set(),
+    )

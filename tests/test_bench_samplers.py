@@ -1,0 +1,134 @@
+"""The sampler benchmark's metrics, on a hand-made table and on the synthetic one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import sys
+
+import pytest
+
+# benchmarks/ is a folder of the checkout, not of the installed package: make it importable
+# however pytest is started.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_samplers import (  # noqa: E402
+    HYPEROPT_TPE,
+    Task,
+    Trace,
+    best_feasible_lat_diff,
+    count_duplicates,
+    main,
+    median_missing_worst,
+    run_task,
+    smallest_choice_count,
+    trials_to_target,
+)
+from benchmarks.synthetic import synthetic_table  # noqa: E402
+from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
+
+# acc_loss, lat_diff of each configuration of a 2 x 3 space; targets 1 % and 1.5.
+TINY_RESULTS = {
+    ("x", "u"): (0.02, 2.0),  # the default: fast, too lossy
+    ("x", "v"): (0.005, 1.2),  # accurate, too slow
+    ("x", "w"): (0.005, 1.6),  # meets both
+    ("y", "u"): (0.03, 1.0),
+    ("y", "v"): (0.0, 1.0),
+    ("y", "w"): (0.009, 1.8),  # meets both, the optimum
+}
+
+
+@pytest.fixture
+def tiny() -> Table:
+    params = {"a": ["x", "y"], "b": ["u", "v", "w"]}
+    rows = []
+    for config in configurations(params):
+        acc_loss, lat_diff = TINY_RESULTS[(config["a"], config["b"])]
+        rows.append({"params": config, "accuracy": 1 - acc_loss, "acc_loss": acc_loss, "lat_diff": lat_diff})
+    return Table.from_rows(
+        name="tiny",
+        description="hand-made",
+        params=params,
+        targets={"accuracy_loss": 1.0, "latency_reduce": 1.5},
+        fp32={"accuracy": 1.0, "latency_ms": 1.0},
+        rows=rows,
+    )
+
+
+def trace_of(table: Table, configs: list[tuple[str, str]]) -> Trace:
+    trace = Trace()
+    for a, b in configs:
+        row = table.lookup({"a": a, "b": b})
+        trace.keys.append((a, b))
+        trace.acc_loss.append(row["acc_loss"])
+        trace.lat_diff.append(row["lat_diff"])
+        trace.loss.append(table.loss(row["params"]))
+    return trace
+
+
+def test_table_shape(tiny: Table) -> None:
+    assert tiny.size == 6
+    assert tiny.reference == {"a": "x", "b": "u"}
+    assert tiny.feasible_fraction == pytest.approx(2 / 6)
+    assert tiny.best_lat_diff == 1.8
+    with pytest.raises(ValueError, match="every one of its 6"):
+        Table(tiny.name, tiny.description, tiny.params, tiny.targets, tiny.fp32, tiny.rows[:-1])
+
+
+def test_trials_to_target(tiny: Table) -> None:
+    trace = trace_of(tiny, [("x", "u"), ("x", "v"), ("y", "w"), ("x", "w")])
+    assert trials_to_target(trace, tiny, budget=4) == 3
+    assert trials_to_target(trace_of(tiny, [("x", "u"), ("y", "v")]), tiny, budget=2) == 3
+    assert best_feasible_lat_diff(trace, tiny, 2) == 1.2
+    assert best_feasible_lat_diff(trace, tiny, 4) == 1.8
+    assert best_feasible_lat_diff(trace, tiny, 1) is None
+
+
+def test_duplicates_count_only_while_unseen_configurations_remain() -> None:
+    keys = [(0,), (1,), (0,), (0,), (2,), (1,), (2,)]
+    assert count_duplicates(keys, space_size=3) == 2  # after (2,) every configuration is seen
+    assert count_duplicates(keys, space_size=10) == 4
+
+
+def test_median_counts_missing_as_worst() -> None:
+    assert median_missing_worst([1.0, None, 3.0]) == 1.0
+    assert median_missing_worst([None, None, 3.0]) is None
+
+
+def test_pot_m_is_the_smallest_choice_count_above_one(tiny: Table) -> None:
+    assert smallest_choice_count(tiny) == 2
+
+
+@pytest.mark.parametrize("spec", ["optuna.samplers:TPESampler", HYPEROPT_TPE])
+def test_runners_are_seeded_and_spend_every_trial(tiny: Table, tmp_path: Path, spec: str) -> None:
+    path = tmp_path / "tiny.json"
+    tiny.save(path)
+    task = Task("s", spec, str(path), seed=3, budget=12, constraints=True)
+    first, again = run_task(task), run_task(task)
+    assert first.keys == again.keys and len(first.keys) == 12  # duplicates are spent trials
+    assert len(set(first.keys)) <= tiny.size
+    assert first.sampler_seconds > 0
+
+
+def test_synthetic_table_is_committed_up_to_date() -> None:
+    committed = Table.load(TABLES_DIR / "synthetic_interactions.json")
+    made = synthetic_table()
+    assert committed.rows == made.rows and committed.params == made.params
+    assert 0 < committed.feasible_fraction < 0.05
+    assert not committed.met(committed.lookup(committed.reference))
+
+
+def test_random_replay_on_synthetic_table(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--tables", "synthetic_interactions", "--samplers", "random", "--seeds", "2", "--budget", "20"]
+    report = main([*argv, "--out", str(out), "--plots-dir", str(tmp_path)])
+    assert json.loads(out.read_text())["seeds"] == [0, 1]
+    result = report["tables"]["synthetic_interactions"]["samplers"]["random"]
+    hits = result["trials_to_target"]["per_seed"]
+    assert len(hits) == 2 and all(1 <= hit <= 21 for hit in hits)
+    assert result["success_rate"] == sum(hit <= 20 for hit in hits) / 2
+    assert all(0 <= d < 20 for d in result["duplicates"]["per_seed"])
+    assert set(result["best_lat_diff"]) == {"20"}
+    curve = result["best_loss_curve"]["median"]
+    assert len(curve) == 20 and all(a >= b for a, b in zip(curve, curve[1:]))
+    assert (tmp_path / "samplers_synthetic_interactions.png").exists()

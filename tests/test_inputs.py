@@ -1,0 +1,119 @@
+"""Bad input is named in the error, before any trial runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx import TensorProto
+import pytest
+
+import optuna_quant as oq
+from optuna_quant.model_io import load_model
+from optuna_quant.model_io import to_feeds
+from optuna_quant.space import SearchSpace
+
+
+def test_missing_model_file(calib, agreement) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.onnx"):
+        oq.create_study("nope.onnx", calib, agreement, storage="sqlite:///:memory:")
+
+
+def test_unreadable_model_file(tmp_path: Path) -> None:
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(b"\x00not a protobuf at all" * 10)
+    with pytest.raises(ValueError, match="garbage.onnx"):
+        load_model(bad)
+
+
+def test_model_failing_the_checker(tmp_path: Path, cnn: onnx.ModelProto) -> None:
+    broken = onnx.ModelProto()
+    broken.CopyFrom(cnn)
+    broken.graph.node[1].input[0] = "no_such_tensor"
+    path = tmp_path / "broken.onnx"
+    onnx.save(broken, str(path))
+    with pytest.raises(ValueError, match="broken.onnx.*checker"):
+        load_model(path)
+
+
+def test_model_without_quantizable_node() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "relu_only",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match="no quantizable node"):
+        SearchSpace.from_model(load_model(model))
+
+
+def test_old_opset_is_refused(cnn: onnx.ModelProto) -> None:
+    old = onnx.ModelProto()
+    old.CopyFrom(cnn)
+    old.opset_import[0].version = 11
+    with pytest.raises(ValueError, match="opset 11"):
+        load_model(old)
+
+
+def test_calibration_names_and_shapes(cnn: onnx.ModelProto) -> None:
+    with pytest.raises(ValueError, match=r"calibration_data\[0\].*\['image'\].*\['input'\]"):
+        to_feeds([{"image": np.zeros((1, 3, 12, 12), np.float32)}], cnn)
+    with pytest.raises(ValueError, match=r"calibration_data\[1\].*'input'.*\(1, 3, 8, 8\)"):
+        to_feeds([np.zeros((1, 3, 12, 12), np.float32), np.zeros((1, 3, 8, 8), np.float32)], cnn)
+    with pytest.raises(ValueError, match="empty"):
+        to_feeds([], cnn)
+
+
+def test_unknown_node_and_scope(cnn: onnx.ModelProto) -> None:
+    with pytest.raises(ValueError, match="conv9"):
+        SearchSpace.from_model(load_model(cnn), nodes=["conv1", "conv9"])
+    with pytest.raises(ValueError, match="precision"):
+        SearchSpace.from_model(load_model(cnn), scopes=["layer", "precision"])
+
+
+def test_unknown_sampler_and_load_method(cnn_path, calib, agreement) -> None:
+    with pytest.raises(ValueError, match="annealing"):
+        oq.create_study(cnn_path, calib, agreement, sampler="annealing", storage="sqlite:///:memory:")
+    with pytest.raises(ValueError, match="hot_start"):
+        oq.create_study(cnn_path, calib, agreement, trials_load_method="hot_start", storage="sqlite:///:memory:")
+
+
+@pytest.mark.parametrize("accuracy_loss, latency_reduce", [(-1, 1.5), (1.0, -2.0), (500, 1.0), (1.0, 1e9)])
+def test_absurd_targets(cnn_path, calib, agreement, accuracy_loss, latency_reduce) -> None:
+    with pytest.raises(ValueError, match="accuracy_loss|latency_reduce"):
+        oq.create_study(
+            cnn_path, calib, agreement, accuracy_loss=accuracy_loss, latency_reduce=latency_reduce,
+            storage="sqlite:///:memory:",
+        )
+
+
+def test_eval_fn_raising_on_fp32_fails_before_any_trial(tmp_path, cnn_path, calib) -> None:
+    def broken(session):
+        raise KeyError("labels")
+
+    study = oq.create_study(cnn_path, calib, broken, storage=f"sqlite:///{tmp_path}/s.db", sampler="random")
+    with pytest.raises(RuntimeError, match="eval_fn raised on the fp32 model.*labels"):
+        study.optimize(n_trials=3)
+    assert study.trials == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), "0.9", None, float("inf")])
+def test_eval_fn_returning_non_number(tmp_path, cnn_path, calib, value) -> None:
+    study = oq.create_study(
+        cnn_path, calib, lambda session: value, storage=f"sqlite:///{tmp_path}/s.db", sampler="random"
+    )
+    with pytest.raises(ValueError, match="eval_fn on the fp32 model returned"):
+        study.optimize(n_trials=2)
+
+
+def test_eval_subset_size_needs_a_keyword(cnn_path, calib) -> None:
+    with pytest.raises(ValueError, match="subset_size"):
+        oq.create_study(cnn_path, calib, lambda s: 1.0, eval_subset_size=10, storage="sqlite:///:memory:")
+
+
+def test_bad_benchmark_key(cnn_path, calib, agreement) -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        oq.create_study(cnn_path, calib, agreement, benchmark={"repeats": 3}, storage="sqlite:///:memory:")

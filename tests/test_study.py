@@ -1,0 +1,169 @@
+"""End-to-end runs on a real small model, real onnxruntime sessions and a real SQLite storage."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import optuna
+from optuna.trial import TrialState
+import pytest
+
+import optuna_quant as oq
+from conftest import build_cnn
+from optuna_quant.objective import FP32_ACCURACY_KEY
+from optuna_quant.objective import SCALING_KEY
+from optuna_quant.stopping import target_reached
+
+
+def _study(tmp_path: Path, cnn_path, calib, eval_fn, fast_bench, **kwargs) -> oq.QuantStudy:
+    kwargs.setdefault("sampler", "random")
+    kwargs.setdefault("seed", 0)
+    return oq.create_study(
+        cnn_path, calib, eval_fn, storage=f"sqlite:///{tmp_path}/study.db", benchmark=fast_bench, **kwargs
+    )
+
+
+def test_run_records_everything(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="optuna_quant")
+    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=5.0, latency_reduce=1.0)
+    best = study.optimize(n_trials=5)
+    trials = study.trials
+    assert len(trials) == 5
+    assert trials[0].user_attrs["reference"] is True
+    assert trials[0].params == study.objective.space.default_params()
+    assert study.user_attrs[FP32_ACCURACY_KEY] == 1.0
+    assert set(study.user_attrs[SCALING_KEY]) == {"acc_min", "acc_max", "acc_scale", "lat_min", "lat_max", "lat_scale"}
+    for trial in trials:
+        assert trial.state == TrialState.COMPLETE
+        attrs = trial.user_attrs
+        for key in ("acc_loss", "lat_diff", "accuracy", "fp32_latency_ms", "int8_latency_ms", "lat_diff_spread"):
+            assert key in attrs
+        assert attrs["acc_loss"] == pytest.approx(1.0 - attrs["accuracy"])
+        assert trial.constraints["accuracy"] == pytest.approx(attrs["acc_loss"] - 0.05)
+        assert trial.constraints["latency"] == pytest.approx(1.0 - attrs["lat_diff"])
+    assert best is not None and best.number in {t.number for t in trials}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("Trial iteration start: 2 / 5") for m in messages)
+    assert any(m.startswith("Current iteration acc_loss: ") and "exec_time: " in m for m in messages)
+    assert any(m.startswith("Trial iteration end: 5 / 5 acc_loss: ") for m in messages)
+
+
+def test_duplicate_params_return_the_stored_result(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="optuna_quant")
+    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+    params = {**study.objective.space.default_params(), "layer:fc": "fp32", "mode": "asymmetric"}
+    study.enqueue_trial(params)
+    study.enqueue_trial(params)
+    study.optimize(n_trials=3)
+    # Enqueued trials take the first numbers; the reference comes after them.
+    first, second = study.trials[0], study.trials[1]
+    assert second.user_attrs["duplicate_of"] == first.number
+    assert second.value == first.value
+    assert second.user_attrs["lat_diff"] == first.user_attrs["lat_diff"]
+    assert "Params already evaluated. Returning previous result: acc_loss:" in caplog.text
+
+
+def test_stop_on_target_stops_at_first_trial_meeting_both(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    study = _study(
+        tmp_path, cnn_path, calib, agreement, fast_bench,
+        accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True,
+    )
+    study.optimize(n_trials=20)
+    assert len(study.trials) == 2  # the reference, then the first optimised trial meets both
+    assert target_reached(study.study) == 1
+    assert study.best_result.targets_met
+
+
+def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    calls = {"n": 0}
+
+    def flaky(session: ort.InferenceSession) -> float:
+        calls["n"] += 1
+        if calls["n"] == 3:  # fp32 baseline, reference, then the first optimised trial
+            raise OSError("dataset shard unreadable")
+        return agreement(session)
+
+    study = _study(tmp_path, cnn_path, calib, flaky, fast_bench)
+    study.optimize(n_trials=4)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert "dataset shard unreadable" in study.trials[1].user_attrs["fail_reason"]
+
+
+def test_export_best_and_missed_target(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+    # A speed-up of 50 is out of reach: the run still exports its best and says what it missed.
+    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0, latency_reduce=50.0)
+    best = study.optimize(n_trials=3)
+    assert best.missed == ("latency",)
+    assert "accuracy met but not latency" in best.summary()
+    out = tmp_path / "out" / "best.int8.onnx"
+    study.export_best(out)
+    model = onnx.load(str(out))
+    fallback = {k.removeprefix("layer:") for k, v in best.params.items() if k.startswith("layer:") and v == "fp32"}
+    if len(fallback) < 3:
+        assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert "misses the latency target" in caplog.text
+
+
+def test_warm_start_continues_to_total_and_cold_start_deletes(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    first = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+    first.optimize(n_trials=3)
+    kept = [(t.number, t.params) for t in first.trials]
+    warm = _study(tmp_path, cnn_path, calib, agreement, fast_bench, trials_load_method="warm_start")
+    warm.optimize(n_trials=5)
+    assert len(warm.trials) == 5
+    assert [(t.number, t.params) for t in warm.trials[:3]] == kept
+    assert sum(1 for t in warm.trials if t.user_attrs.get("reference")) == 1
+    cold = _study(tmp_path, cnn_path, calib, agreement, fast_bench, trials_load_method="cold_start")
+    assert cold.trials == []
+
+
+def test_warm_start_refuses_another_model(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    _study(tmp_path, cnn_path, calib, agreement, fast_bench).optimize(n_trials=1)
+    other = _study(tmp_path, build_cnn(seed=5), calib, agreement, fast_bench, trials_load_method="warm_start")
+    with pytest.raises(ValueError, match="another model sha256"):
+        other.optimize(n_trials=3)
+
+
+def test_fine_tune_and_eval(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    base = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0)
+    best = base.optimize(n_trials=4)
+    fine = _study(
+        tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
+        trials_load_method="fine_tune", scopes=["range_estimator"],
+    )
+    assert fine.study.study_name == "optuna-quant-fine_tune"
+    fine.optimize(n_trials=3)
+    for trial in fine.trials:
+        assert set(trial.params) == {"range_estimator"}
+    base_config = base.objective.space.to_config(best.params)
+    assert fine.objective.space.base == base_config
+    evaluated = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0, trials_load_method="eval")
+    n_before = len(evaluated.trials)
+    result = evaluated.optimize(n_trials=10)
+    assert len(evaluated.trials) == n_before
+    assert result.number == best.number
+
+
+def test_metrics_skip_fp32_evaluation_and_subset(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    seen = []
+
+    def counting(session, subset_size=None):
+        seen.append(subset_size)
+        return agreement(session, subset_size=subset_size)
+
+    study = _study(tmp_path, cnn_path, calib, counting, fast_bench, metrics=1.0, eval_subset_size=50)
+    study.optimize(n_trials=2)
+    assert seen == [50, 50]  # the reference and one trial; no fp32 evaluation
+
+
+def test_objective_on_a_plain_optuna_study(cnn_path, calib, agreement, fast_bench) -> None:
+    objective = oq.QuantizationObjective(cnn_path, calib, agreement, benchmark=fast_bench)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    study.optimize(objective, n_trials=2)
+    assert len(study.trials) == 3  # the reference was recorded beside the two trials
+    assert sum(1 for t in study.trials if t.user_attrs.get("reference")) == 1

@@ -1,0 +1,242 @@
+"""optuna-quant's TPESampler: the split, the never-repeat rule, the POT preset, plain studies."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from optuna_quant.samplers._parzen import CategoricalDim
+from optuna_quant.samplers._parzen import NumericDim
+from optuna_quant.samplers.tpe import _best_unseen_combination
+from optuna_quant.samplers.tpe import _min_choices
+from optuna_quant.samplers.tpe import quantile_gamma
+from optuna_quant.samplers.tpe import split_good_bad
+from optuna_quant.samplers.tpe import sqrt_gamma
+from optuna_quant.samplers.tpe import TPESampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+MODES = {
+    "independent": dict(n_startup_trials=3),
+    "multivariate": dict(n_startup_trials=3, multivariate=True),
+}
+
+
+def make(mode: str, seed: int = 0) -> TPESampler:
+    if mode == "pot":
+        return TPESampler.pot(seed=seed)
+    return TPESampler(seed=seed, **MODES[mode])
+
+
+def tiny_objective(trial: optuna.Trial) -> float:
+    a = trial.suggest_categorical("a", ["x", "y", "z"])
+    b = trial.suggest_int("b", 0, 3)
+    c = trial.suggest_float("c", 0.0, 1.0, step=0.5)
+    return {"x": 0.0, "y": 1.0, "z": 2.0}[a] + b + c
+
+
+def config(trial: optuna.trial.FrozenTrial) -> tuple:
+    return tuple(sorted(trial.params.items()))
+
+
+# ---- the split ------------------------------------------------------------------------------
+
+
+def test_split_by_value() -> None:
+    values = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
+    good, bad = split_good_bad(values, None, lambda n: 2)
+    assert good.tolist() == [1, 3] and bad.tolist() == [0, 2, 4]
+
+
+def test_split_puts_feasible_first_then_infeasible_by_total_violation() -> None:
+    values = np.array([0.0, 9.0, 1.0, 5.0, 2.0])
+    constraints = np.array(
+        [
+            [0.5, 0.5],  # infeasible, violation 1.0, best value
+            [-1.0, 0.0],  # feasible, worst value
+            [0.2, -3.0],  # infeasible, violation 0.2
+            [-1.0, -1.0],  # feasible
+            [0.1, 0.2],  # infeasible, violation 0.3
+        ]
+    )
+    order = lambda k: split_good_bad(values, constraints, lambda n: k)[0].tolist()  # noqa: E731
+    assert order(1) == [3]
+    assert order(2) == [1, 3]
+    assert order(3) == [1, 2, 3]
+    assert order(4) == [1, 2, 3, 4]
+
+
+def test_gamma_rules() -> None:
+    assert [quantile_gamma(0.1, n) for n in (1, 10, 11, 100, 400)] == [1, 1, 2, 10, 25]
+    assert [sqrt_gamma(0.3, n) for n in (1, 10, 100, 10_000)] == [1, 1, 3, 25]
+
+
+@pytest.mark.parametrize("multivariate", [False, True])
+def test_constraints_steer_the_good_set(multivariate: bool) -> None:
+    # The value prefers x = 0, but only x >= 50 is feasible: with the constraint the search must
+    # move above 50; without it, it stays low.
+    def run(constrained: bool) -> int:
+        def objective(trial: optuna.Trial) -> float:
+            x = trial.suggest_int("x", 0, 99)
+            if constrained:
+                trial.set_constraint("c", 50 - x)
+            return float(x)
+
+        study = optuna.create_study(sampler=TPESampler(seed=0, multivariate=multivariate))
+        study.optimize(objective, n_trials=40)
+        return sum(t.params["x"] >= 50 for t in study.trials[20:])
+
+    assert run(True) >= 10 > 5 >= run(False)
+
+
+# ---- never repeat ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["independent", "multivariate", "pot"])
+def test_tiny_space_is_exhausted_each_configuration_once(mode: str) -> None:
+    study = optuna.create_study(sampler=make(mode))
+    study.optimize(tiny_objective, n_trials=24)  # 3 * 4 * 2 configurations
+    assert len({config(t) for t in study.trials}) == 24
+    study.optimize(tiny_objective, n_trials=2)  # nothing unseen is left: repeats are allowed
+    assert len(study.trials) == 26
+
+
+def test_failed_trials_are_not_proposed_again() -> None:
+    def objective(trial: optuna.Trial) -> float:
+        value = tiny_objective(trial)
+        if trial.params["a"] == "x":
+            raise RuntimeError("this configuration does not build")
+        return value
+
+    study = optuna.create_study(sampler=TPESampler(seed=1, n_startup_trials=2))
+    study.optimize(objective, n_trials=24, catch=(RuntimeError,))
+    assert len({config(t) for t in study.trials}) == 24
+
+
+@pytest.mark.parametrize("mode", ["independent", "multivariate"])
+def test_running_trials_are_not_proposed_again(mode: str) -> None:
+    study = optuna.create_study(sampler=make(mode))
+    study.optimize(tiny_objective, n_trials=6)
+    running = [study.ask() for _ in range(18)]
+    for trial in running:
+        tiny_objective(trial)
+    assert len({config(t) for t in study.trials}) == 24
+
+
+def test_best_unseen_combination_is_best_first() -> None:
+    scores = [{0: 2.0, 1: 1.0}, {0: 0.5, 1: 0.0, 2: -1.0}]
+    assert _best_unseen_combination(scores, set()) == (0, 0)
+    assert _best_unseen_combination(scores, {(0, 0)}) == (0, 1)
+    assert _best_unseen_combination(scores, {(0, 0), (0, 1)}) == (1, 0)
+    every = {(a, b) for a in range(2) for b in range(3)}
+    assert _best_unseen_combination(scores, every) is None
+
+
+# ---- reproducibility ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["independent", "multivariate", "pot"])
+def test_same_seed_same_study(mode: str) -> None:
+    def run(seed: int) -> list[tuple]:
+        study = optuna.create_study(sampler=make(mode, seed))
+        study.optimize(tiny_objective, n_trials=15)
+        return [config(t) for t in study.trials]
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_reseed_rng_changes_the_stream() -> None:
+    a, b = TPESampler(seed=0), TPESampler(seed=0)
+    b.reseed_rng()
+    assert a._rng.randint(1 << 30) != b._rng.randint(1 << 30)
+
+
+# ---- the POT preset -------------------------------------------------------------------------
+
+
+def test_pot_preset_settings() -> None:
+    sampler = TPESampler.pot(seed=0)
+    assert sampler._n_startup_trials == 10
+    assert not sampler._multivariate and sampler._constant_liar
+    assert [sampler._gamma(n) for n in (10, 100, 1000)] == [
+        math.ceil(0.3 * math.sqrt(n)) for n in (10, 100, 1000)
+    ]
+    # n_EI_candidates = M and prior_weight = 1 / M are read from the space when sampling.
+    assert sampler._n_ei_candidates is None and sampler._prior_weight is None
+
+
+def test_pot_m_is_the_fewest_choices_above_one() -> None:
+    dims = [CategoricalDim(1), CategoricalDim(5), NumericDim(0, 6, 2.0, False), CategoricalDim(3)]
+    assert _min_choices(dims) == 3
+    assert _min_choices([NumericDim(0.0, 1.0, None, False)]) is None
+
+
+def test_pot_preset_draws_m_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from optuna_quant.samplers import _parzen
+
+    sizes, weights = [], []
+    original_sample, original_init = _parzen.UnivariateParzen.sample, _parzen.UnivariateParzen.__init__
+
+    def sample(self, rng, size):  # type: ignore[no-untyped-def]
+        sizes.append(size)
+        return original_sample(self, rng, size)
+
+    def init(self, observations, dims, w, prior_weight):  # type: ignore[no-untyped-def]
+        weights.append(prior_weight)
+        original_init(self, observations, dims, w, prior_weight)
+
+    monkeypatch.setattr(_parzen.UnivariateParzen, "sample", sample)
+    monkeypatch.setattr(_parzen.UnivariateParzen, "__init__", init)
+    study = optuna.create_study(sampler=TPESampler.pot(seed=0))
+    study.optimize(tiny_objective, n_trials=12)  # M = 3: a has 3 choices, b 4, c 3 (0, 0.5, 1)
+    assert set(sizes) == {3} and set(weights) == {1 / 3}
+
+
+# ---- any study ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("multivariate", [False, True])
+def test_plain_study_with_numbers(multivariate: bool) -> None:
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", -5.0, 5.0)
+        n = trial.suggest_int("n", -10, 10)
+        lr = trial.suggest_float("lr", 1e-5, 1.0, log=True)
+        k = trial.suggest_int("k", 1, 1024, log=True)
+        return (x - 1) ** 2 + abs(n - 3) + abs(math.log10(lr) + 3) + abs(math.log2(k) - 4)
+
+    study = optuna.create_study(sampler=TPESampler(seed=0, multivariate=multivariate))
+    study.optimize(objective, n_trials=80)
+    random = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    random.optimize(objective, n_trials=80)
+    assert study.best_value < random.best_value
+    for t in study.trials:
+        assert -5 <= t.params["x"] <= 5 and isinstance(t.params["n"], int)
+        assert 1e-5 <= t.params["lr"] <= 1 and 1 <= t.params["k"] <= 1024
+
+
+def test_maximize_and_dynamic_parameters() -> None:
+    def objective(trial: optuna.Trial) -> float:
+        kind = trial.suggest_categorical("kind", ["a", "b"])
+        if kind == "a":
+            return trial.suggest_float("u", 0.0, 1.0)
+        return 0.4 * trial.suggest_int("v", 0, 2)
+
+    study = optuna.create_study(direction="maximize", sampler=TPESampler(seed=0))
+    study.optimize(objective, n_trials=40)
+    assert study.best_value > 0.9
+    assert sum(t.params["kind"] == "a" for t in study.trials[20:]) > 10
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="gamma"):
+        TPESampler(gamma=0.0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        TPESampler(prior_weight=0.0)
+    with pytest.raises(ValueError, match="n_ei_candidates"):
+        TPESampler(n_ei_candidates=0)
+    TPESampler(gamma=functools.partial(sqrt_gamma, 0.5))
