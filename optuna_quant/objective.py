@@ -4,7 +4,10 @@
 :func:`optuna_quant.create_study` builds and with any study a user builds. What every worker of a
 study must agree on (the fp32 accuracy, the loss scaling from the reference trial, the search
 space and the model's fingerprint) is stored in the study's user attrs the first time and read
-from there afterwards, so a second worker neither re-measures nor disagrees.
+from there afterwards, so a second worker neither re-measures nor disagrees. Workers that share a
+study also share a lock (:func:`optuna_quant.storage.study_lock`): one worker claims the reference
+trial while the others wait for its scaling, and one trial claims each configuration while a trial
+that drew the same one waits for its result.
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -15,9 +18,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 import hashlib
 import logging
+import os
+import socket
+import threading
 import time
 from typing import Any
 
@@ -46,6 +53,8 @@ from optuna_quant.results import best_trial
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
+from optuna_quant.storage import optuna_warnings_off
+from optuna_quant.storage import StudyLock
 
 _logger = logging.getLogger("optuna_quant")
 
@@ -55,6 +64,13 @@ SCALING_KEY = "loss_scaling"
 SPACE_KEY = "search_space"
 TARGETS_KEY = "targets"
 MODEL_KEY = "model_sha256"
+REFERENCE_CLAIM_KEY = "reference_claim"
+WORKER_KEY = "worker"
+OBJECTIVE_MODES = ("loss", "pareto")
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+POLL_SECONDS = 0.2
+CLAIM_REFRESH_SECONDS = 5.0
+CLAIM_STALE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,10 @@ class QuantizationObjective:
         fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
         stop_on_target: Prune a running trial once another trial has met both targets.
+        objective_mode: ``"loss"`` returns POT's loss (minimise); ``"pareto"`` returns
+            ``(acc_loss, lat_diff)`` for a study with directions ``["minimize", "maximize"]``.
+        lock: The lock every worker of the study shares; none needed for a single process.
+        wait_timeout: Seconds a worker waits for another one's reference trial or result.
 
     Raises:
         FileNotFoundError, ValueError: For a bad model, calibration data or setting; raised here,
@@ -132,7 +152,12 @@ class QuantizationObjective:
         fp32_accuracy: float | None = None,
         eval_subset_size: int | None = None,
         stop_on_target: bool = False,
+        objective_mode: str = "loss",
+        lock: StudyLock | None = None,
+        wait_timeout: float = 3600.0,
     ) -> None:
+        if objective_mode not in OBJECTIVE_MODES:
+            raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
         if not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable, got {eval_fn!r}.")
         if eval_subset_size is not None:
@@ -150,6 +175,9 @@ class QuantizationObjective:
         self.eval_fn = eval_fn
         self.eval_subset_size = eval_subset_size
         self.stop_on_target = stop_on_target
+        self.objective_mode = objective_mode
+        self.lock: StudyLock = lock or nullcontext
+        self.wait_timeout = wait_timeout
         self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         feeds = to_feeds(calibration_data, self.model)
         if len(feeds) * len(next(iter(feeds[0].values()))) < self.benchmark.batch_size:
@@ -219,52 +247,75 @@ class QuantizationObjective:
     def prepare(self, study: optuna.Study) -> None:
         """Share the fp32 baseline and loss scaling through ``study``, measuring them if new.
 
-        The first worker measures the reference configuration (the space's default), stores the
-        scaling and records the reference as a trial; later workers read what is stored.
+        The first worker claims the reference configuration (the space's default) under the
+        study lock, measures it, records it as a trial and stores the scaling; a worker that
+        starts meanwhile waits for that scaling rather than measuring a second one. A claim whose
+        worker stopped refreshing it for ``CLAIM_STALE_SECONDS`` is taken over.
 
         Raises:
             ValueError: If the study was made for another model, space or targets.
+            TimeoutError: If the scaling does not appear within ``wait_timeout`` seconds.
         """
         if self.scaling is not None:
             return
-        attrs = study.user_attrs
         own = {
             MODEL_KEY: self.model_sha256,
             SPACE_KEY: self.space.to_dict(),
             TARGETS_KEY: self.targets.to_dict(),
         }
-        for key, value in own.items():
-            if key in attrs and attrs[key] != value:
-                raise ValueError(
-                    f"Study {study.study_name!r} was made with another {key.replace('_', ' ')} "
-                    f"({attrs[key]!r}, here {value!r}); use another study name or cold_start."
-                )
-        if SCALING_KEY in attrs:
-            self.fp32_accuracy = attrs[FP32_ACCURACY_KEY]
-            self.scaling = LossScaling.from_dict(attrs[SCALING_KEY])
-            return
-        for key, value in own.items():
-            study.set_user_attr(key, value)
-        study.set_user_attr(FP32_ACCURACY_KEY, self.baseline())
+        watch = _ClaimWatch(self.wait_timeout)
+        while True:
+            with self.lock():
+                attrs = study.user_attrs
+                for key, value in own.items():
+                    if key in attrs and attrs[key] != value:
+                        raise ValueError(
+                            f"Study {study.study_name!r} was made with another {key.replace('_', ' ')} "
+                            f"({attrs[key]!r}, here {value!r}); use another study name or cold_start."
+                        )
+                if SCALING_KEY in attrs:
+                    self.fp32_accuracy = attrs[FP32_ACCURACY_KEY]
+                    self.scaling = LossScaling.from_dict(attrs[SCALING_KEY])
+                    return
+                claim = attrs.get(REFERENCE_CLAIM_KEY)
+                if watch.abandoned(claim):
+                    for key, value in own.items():
+                        study.set_user_attr(key, value)
+                    study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": 0})
+                    break
+            watch.wait(f"the reference trial of worker {claim['worker']}")
+        with _KeepClaim(study):
+            self._measure_reference(study)
+
+    def _measure_reference(self, study: optuna.Study) -> None:
+        fp32_accuracy = self.baseline()
         params = self.space.default_params()
         reference = self.measure(params)
-        self.scaling = LossScaling.from_reference(reference.acc_loss, reference.lat_diff, self.targets)
-        study.set_user_attr(FP32_LATENCY_KEY, reference.latency.fp32_ms)
-        study.set_user_attr(SCALING_KEY, self.scaling.to_dict())
+        scaling = LossScaling.from_reference(reference.acc_loss, reference.lat_diff, self.targets)
+        loss = weighted_loss(reference.acc_loss, reference.lat_diff, self.targets, scaling)
         study.add_trial(
             optuna.trial.create_trial(
                 params=params,
                 distributions=self.space.distributions(),
-                value=self.loss(reference),
-                user_attrs={**reference.user_attrs(), "reference": True},
+                values=self._values(reference.acc_loss, reference.lat_diff, loss),
+                user_attrs={**reference.user_attrs(), "loss": loss, WORKER_KEY: WORKER, "reference": True},
                 system_attrs={f"constraints:{k}": v for k, v in self._constraints(reference).items()},
             )
         )
+        # The scaling is written last: other workers start as soon as it appears.
+        study.set_user_attr(FP32_ACCURACY_KEY, fp32_accuracy)
+        study.set_user_attr(FP32_LATENCY_KEY, reference.latency.fp32_ms)
+        study.set_user_attr(SCALING_KEY, scaling.to_dict())
+        self.scaling = scaling
         _logger.info(
             "Reference (default configuration) acc_loss: %.4f lat_diff: %.4f",
             reference.acc_loss,
             reference.lat_diff,
         )
+
+    def _values(self, acc_loss: float, lat_diff: float, loss: float) -> list[float]:
+        """The objective values of a result: POT's loss, or ``(acc_loss, lat_diff)`` in Pareto mode."""
+        return [acc_loss, lat_diff] if self.objective_mode == "pareto" else [loss]
 
     def _constraints(self, measurement: Measurement) -> dict[str, float]:
         return {
@@ -272,13 +323,13 @@ class QuantizationObjective:
             "latency": self.targets.lat_th - measurement.lat_diff,
         }
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> float | list[float]:
         study = trial.study
         self.prepare(study)
         params = self.space.suggest(trial)
         total = "?" if self.max_trials is None else self.max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number + 1, total)
-        previous = _evaluated(study, params, trial.number)
+        previous = self._claim(study, trial, params)
         if previous is not None:
             for key, value in previous.user_attrs.items():
                 trial.set_user_attr(key, value)
@@ -291,7 +342,7 @@ class QuantizationObjective:
                 previous.user_attrs["lat_diff"],
             )
             self._log_end(study, trial.number, total)
-            return float(previous.value)
+            return list(previous.values) if self.objective_mode == "pareto" else float(previous.value)
         self._prune_if_target_reached(study)
         try:
             measurement = self.measure(params)
@@ -300,7 +351,8 @@ class QuantizationObjective:
             trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
             raise
         self._prune_if_target_reached(study)
-        for key, value in measurement.user_attrs().items():
+        loss = self.loss(measurement)
+        for key, value in {**measurement.user_attrs(), "loss": loss}.items():
             trial.set_user_attr(key, value)
         for key, value in self._constraints(measurement).items():
             trial.set_constraint(key, value)
@@ -310,9 +362,34 @@ class QuantizationObjective:
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        loss = self.loss(measurement)
         self._log_end(study, trial.number, total, (measurement.acc_loss, measurement.lat_diff, loss))
-        return loss
+        values = self._values(measurement.acc_loss, measurement.lat_diff, loss)
+        return values if self.objective_mode == "pareto" else values[0]
+
+    def _claim(self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]) -> FrozenTrial | None:
+        """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
+
+        A configuration that another running trial is measuring is waited for, so that no two
+        workers measure it twice; if that trial fails or its worker dies, this one measures it.
+        """
+        watch = _ClaimWatch(self.wait_timeout)
+        while True:
+            with self.lock():
+                measuring = None
+                for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+                    if other.number == trial.number or other.params != params:
+                        continue
+                    if other.state == TrialState.COMPLETE and "acc_loss" in other.user_attrs:
+                        return other
+                    if other.state == TrialState.RUNNING and WORKER_KEY in other.user_attrs:
+                        measuring = other
+                if measuring is None:
+                    trial.set_user_attr(WORKER_KEY, WORKER)
+                    return None
+            # Fail the trial of a dead worker (if the storage runs a heartbeat) so the wait ends.
+            with optuna_warnings_off():
+                optuna.storages.fail_stale_trials(study)
+            watch.wait(f"trial {measuring.number} of worker {measuring.user_attrs[WORKER_KEY]}")
 
     def _prune_if_target_reached(self, study: optuna.Study) -> None:
         if self.stop_on_target:
@@ -340,8 +417,48 @@ class QuantizationObjective:
             )
 
 
-def _evaluated(study: optuna.Study, params: Mapping[str, Any], number: int) -> FrozenTrial | None:
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if trial.number != number and trial.params == params and "acc_loss" in trial.user_attrs:
-            return trial
-    return None
+class _ClaimWatch:
+    """Waits on a claim of another worker, and tells when that worker stopped refreshing it."""
+
+    def __init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.seen: object = None
+        self.since = time.monotonic()
+
+    def abandoned(self, claim: object) -> bool:
+        """Whether ``claim`` is absent or unchanged for ``CLAIM_STALE_SECONDS``."""
+        # Clocks of two machines differ: a claim is judged by whether it changes, seen from here.
+        if claim is None:
+            return True
+        if claim != self.seen:
+            self.seen, self.since = claim, time.monotonic()
+        return time.monotonic() - self.since > CLAIM_STALE_SECONDS
+
+    def wait(self, what: str) -> None:
+        """Sleep a little, or raise once the timeout is spent."""
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"Waited {self.timeout:.0f} s for {what}; is that worker stuck?")
+        time.sleep(POLL_SECONDS)
+
+
+class _KeepClaim:
+    """Refreshes this worker's reference claim while it measures, so others see it is alive."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._refresh, daemon=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _refresh(self) -> None:
+        beat = 0
+        while not self.stop.wait(CLAIM_REFRESH_SECONDS):
+            beat += 1
+            self.study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": beat})
