@@ -37,4 +37,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_latency.py
 
 clean:
-	rm -rf $(VENV) .cache demo.db demo-out
+	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock

@@ -62,9 +62,10 @@ BASELINES = {
     "optuna-gp": "optuna.samplers:GPSampler",
     HYPEROPT_TPE: HYPEROPT_TPE,
 }
+# optuna-quant's samplers, under the package's public name or, until it re-exports them, their module's.
 PEERS = {
-    "oq-gp": "optuna_quant.samplers:DiscreteGPSampler",
-    "oq-tpe": "optuna_quant.samplers:TPESampler",
+    "oq-gp": ("optuna_quant.samplers:DiscreteGPSampler", "optuna_quant.samplers.bayesian:DiscreteGPSampler"),
+    "oq-tpe": ("optuna_quant.samplers:TPESampler", "optuna_quant.samplers.tpe:TPESampler"),
 }
 # POT's hyperopt settings (DESIGN.md section 8); n_EI_candidates and prior_weight depend on the space.
 POT_N_STARTUP_JOBS = 10
@@ -279,6 +280,7 @@ def summarise(traces: Sequence[Trace], table: Table, budget: int) -> dict[str, A
     sampler_ms = [1000.0 * trace.sampler_seconds / len(trace.keys) for trace in traces]
     curves = quartiles([np.minimum.accumulate(trace.loss) for trace in traces], axis=0)
     return {
+        "seeds": len(traces),
         "trials_to_target": {"median": median, "q25": q25, "q75": q75, "per_seed": hits},
         "success_rate": float(np.mean([hit <= budget for hit in hits])),
         "best_lat_diff": {
@@ -295,30 +297,34 @@ def summarise(traces: Sequence[Trace], table: Table, budget: int) -> dict[str, A
 
 
 def format_table(table: Table, results: dict[str, dict[str, Any]], budget: int) -> str:
-    """A plain-text table of the metrics, one line per sampler."""
+    """A Markdown table of the metrics, one row per sampler, under a line that sums up the table."""
     counts = [str(n) for n in checkpoints(budget)]
-    header = ["sampler", "to target (IQR)", "success"] + [f"lat@{n}" for n in counts] + ["dups", "ms/trial"]
+    header = ["sampler", "seeds", "trials to target, median (IQR)", "success"]
+    header += [f"best lat_diff @{n}" for n in counts] + ["duplicates", "sampler ms/trial"]
     lines = [
         f"{table.name}: {table.size} configurations, {table.feasible_fraction:.2%} meet both targets, "
         f"best lat_diff {table.best_lat_diff:.3f}",
-        " | ".join(header),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
     ]
     for name, r in results.items():
         ttt = r["trials_to_target"]
         lats = [r["best_lat_diff"][n] for n in counts]
         cells = [
             name,
+            str(r["seeds"]),
             f"{ttt['median']:.1f} ({ttt['q25']:.1f}-{ttt['q75']:.1f})",
             f"{r['success_rate']:.0%}",
             *("-" if lat is None else f"{lat:.3f}" for lat in lats),
             f"{r['duplicates']['median']:.1f}",
             f"{r['sampler_ms_per_trial']:.1f}",
         ]
-        lines.append(" | ".join(cells))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot_table(table: Table, results: dict[str, dict[str, Any]], n_seeds: int, path: Path) -> None:
+def plot_table(table: Table, results: dict[str, dict[str, Any]], path: Path) -> None:
     """Median best-so-far loss against trials, one line per sampler with its IQR shaded."""
     import matplotlib
 
@@ -329,14 +335,13 @@ def plot_table(table: Table, results: dict[str, dict[str, Any]], n_seeds: int, p
     for name, r in results.items():
         curve = r["best_loss_curve"]
         x = np.arange(1, len(curve["median"]) + 1)
-        (line,) = ax.plot(x, curve["median"], label=name)
+        (line,) = ax.plot(x, curve["median"], label=f"{name} ({r['seeds']} seeds)")
         ax.fill_between(x, curve["q25"], curve["q75"], color=line.get_color(), alpha=0.15)
     ax.axhline(table.min_loss, color="black", linestyle=":", label="optimum")
     ax.set_xlabel("trial")
     ax.set_ylabel("best loss so far (POT's weighted loss)")
     ax.set_title(
-        f"{table.name}: {table.size} configs, {table.feasible_fraction:.1%} meet targets; "
-        f"median, IQR over {n_seeds} seeds",
+        f"{table.name}: {table.size} configs, {table.feasible_fraction:.1%} meet targets; median and IQR over seeds",
         fontsize=9,
     )
     ax.legend(fontsize=8)
@@ -370,26 +375,46 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
     parser.add_argument("--plots-dir", type=Path, default=RESULTS_DIR, help="where the PNGs go")
+    parser.add_argument(
+        "--from-results", nargs="+", type=Path, metavar="JSON", help="run nothing: merge these results files"
+    )
     return parser.parse_args(argv)
+
+
+def first_importable(specs: Sequence[str]) -> str:
+    """The first of ``specs`` that resolves.
+
+    Raises:
+        ImportError: With every spec's error, if none resolves.
+    """
+    errors = []
+    for spec in specs:
+        try:
+            resolve(spec)
+            return spec
+        except (ImportError, AttributeError) as error:
+            errors.append(f"{spec}: {error}")
+    raise ImportError("; ".join(errors))
 
 
 def choose_samplers(names: Sequence[str] | None, extra: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
     """The samplers to run, ``{name: spec}``, and the skipped ones with the reason."""
-    known = {**BASELINES, **PEERS}
-    unknown = sorted(set(names or ()) - set(known))
+    candidates: dict[str, tuple[str, ...]] = {name: (spec,) for name, spec in BASELINES.items()}
+    candidates.update(PEERS)
+    unknown = sorted(set(names or ()) - set(candidates))
     if unknown:
-        raise SystemExit(f"Unknown samplers {unknown}; known: {sorted(known)} (or --sampler module:callable).")
-    chosen = {name: known[name] for name in (names or known)}
-    chosen.update({spec: spec for spec in extra})
-    skipped = {}
-    for name, spec in list(chosen.items()):
-        if spec == HYPEROPT_TPE:
+        raise SystemExit(f"Unknown samplers {unknown}; known: {sorted(candidates)} (or --sampler module:callable).")
+    candidates = {name: candidates[name] for name in (names or candidates)}
+    candidates.update({spec: (spec,) for spec in extra})
+    chosen, skipped = {}, {}
+    for name, specs in candidates.items():
+        if specs == (HYPEROPT_TPE,):
+            chosen[name] = HYPEROPT_TPE
             continue
         try:
-            resolve(spec)
-        except (ImportError, AttributeError) as error:
+            chosen[name] = first_importable(specs)
+        except ImportError as error:
             skipped[name] = f"not importable: {error}"
-            del chosen[name]
     return chosen, skipped
 
 
@@ -401,9 +426,8 @@ def run_tasks(tasks: list[Task], jobs: int) -> list[Trace]:
         return list(pool.map(run_task, tasks, chunksize=1))
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark, print a table per table, write the JSON and the PNGs."""
-    args = parse_args(argv)
+def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
+    """Replay the studies that ``args`` ask for and summarise them."""
     samplers, skipped = choose_samplers(args.samplers, args.sampler)
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
@@ -417,25 +441,53 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ]
     traces = iter(run_tasks(tasks, args.jobs))
     report: dict[str, Any] = {
-        "command": ".venv/bin/python -m benchmarks.bench_samplers " + " ".join(sys.argv[1:] if argv is None else argv),
+        "commands": [
+            ".venv/bin/python -m benchmarks.bench_samplers " + " ".join(sys.argv[1:] if argv is None else argv)
+        ],
         "budget": args.budget,
         "seeds": list(seeds),
         "constraints": args.constraints,
         "skipped": skipped,
         "tables": {},
     }
-    args.plots_dir.mkdir(parents=True, exist_ok=True)
     for path in paths:
         table = load_table(str(path))
-        results = {name: summarise([next(traces) for _ in seeds], table, args.budget) for name in samplers}
         report["tables"][table.name] = {
             "size": table.size,
             "feasible_fraction": table.feasible_fraction,
             "best_lat_diff": table.best_lat_diff,
-            "samplers": results,
+            "samplers": {name: summarise([next(traces) for _ in seeds], table, args.budget) for name in samplers},
         }
-        print(format_table(table, results, args.budget), end="\n\n")
-        plot_table(table, results, args.seeds, args.plots_dir / f"samplers_{table.name}.png")
+    return report
+
+
+def merge_reports(paths: Sequence[Path]) -> dict[str, Any]:
+    """One report from the JSON results of several runs with the same budget (later runs win)."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    budgets = {report["budget"] for report in reports}
+    if len(budgets) != 1:
+        raise SystemExit(f"Cannot merge runs with different budgets {sorted(budgets)}.")
+    merged: dict[str, Any] = {"commands": [], "budget": budgets.pop(), "skipped": {}, "tables": {}}
+    for report in reports:
+        merged["commands"] += report["commands"]
+        merged["skipped"].update(report["skipped"])
+        for name, entry in report["tables"].items():
+            samplers = merged["tables"].setdefault(name, {**entry, "samplers": {}})["samplers"]
+            samplers.update(
+                {sampler: {**r, "seeds": len(report["seeds"])} for sampler, r in entry["samplers"].items()}
+            )
+    return merged
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (or merge runs), print a table per table, write the JSON and the PNGs."""
+    args = parse_args(argv)
+    report = merge_reports(args.from_results) if args.from_results else run_report(args, argv)
+    args.plots_dir.mkdir(parents=True, exist_ok=True)
+    for name, entry in report["tables"].items():
+        table = load_table(str(table_paths([name])[0]))
+        print(format_table(table, entry["samplers"], report["budget"]), end="\n\n")
+        plot_table(table, entry["samplers"], args.plots_dir / f"samplers_{table.name}.png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     return report

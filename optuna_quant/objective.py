@@ -426,11 +426,11 @@ class _ClaimWatch:
         self.seen: object = None
         self.since = time.monotonic()
 
-    def abandoned(self, claim: object) -> bool:
-        """Whether ``claim`` is absent or unchanged for ``CLAIM_STALE_SECONDS``."""
-        # Clocks of two machines differ: a claim is judged by whether it changes, seen from here.
-        if claim is None:
+    def abandoned(self, claim: dict[str, Any] | None) -> bool:
+        """Whether ``claim`` is absent, this machine's and dead, or unchanged for ``CLAIM_STALE_SECONDS``."""
+        if claim is None or _dead_here(claim["worker"]):
             return True
+        # Clocks of two machines differ: a claim is judged by whether it changes, seen from here.
         if claim != self.seen:
             self.seen, self.since = claim, time.monotonic()
         return time.monotonic() - self.since > CLAIM_STALE_SECONDS
@@ -440,6 +440,22 @@ class _ClaimWatch:
         if time.monotonic() > self.deadline:
             raise TimeoutError(f"Waited {self.timeout:.0f} s for {what}; is that worker stuck?")
         time.sleep(POLL_SECONDS)
+
+
+def _dead_here(worker: str) -> bool:
+    """Whether ``worker`` ("host:pid") is this process, or a process of this machine that is gone."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname():
+        return False
+    if worker == WORKER:
+        return True  # an earlier call of this process failed while measuring
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
 
 
 class _KeepClaim:

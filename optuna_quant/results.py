@@ -15,19 +15,27 @@ from optuna_quant.loss import Targets
 
 
 def recorded(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The completed trials that carry a measurement (``acc_loss`` and ``lat_diff``)."""
+    """The completed trials that carry a measurement (``acc_loss``, ``lat_diff`` and a loss)."""
     return [
         t
         for t in trials
-        if t.state == TrialState.COMPLETE and "acc_loss" in t.user_attrs and t.value is not None
+        if t.state == TrialState.COMPLETE
+        and "acc_loss" in t.user_attrs
+        and t.values is not None
+        and (len(t.values) == 1 or "loss" in t.user_attrs)
     ]
+
+
+def trial_loss(trial: FrozenTrial) -> float:
+    """POT's loss of a recorded trial: its value, or its ``loss`` attr in Pareto mode (two values)."""
+    return float(trial.values[0]) if len(trial.values) == 1 else float(trial.user_attrs["loss"])
 
 
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
     """The best trial by POT's rule (see :func:`optuna_quant.loss.best_index`), or ``None``."""
     candidates = recorded(trials)
     index = best_index(
-        [Result(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"], float(t.value)) for t in candidates],
+        [Result(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"], trial_loss(t)) for t in candidates],
         targets,
     )
     return None if index is None else candidates[index]
@@ -67,7 +75,7 @@ class BestResult:
             params=dict(trial.params),
             acc_loss=acc_loss,
             lat_diff=lat_diff,
-            loss=float(trial.value),
+            loss=trial_loss(trial),
             missed=tuple(targets.missed(acc_loss, lat_diff)),
         )
 

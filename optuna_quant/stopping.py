@@ -1,8 +1,10 @@
 """``stop_on_target`` across every worker of a study.
 
 ``study.stop()`` stops only the calling process, so the first worker whose trial meets both targets
-writes a flag into the study's storage; every worker's callback reads it after each trial and stops,
-and the objective reads it before each long step and prunes the trial it is running.
+writes a flag into the study's storage (a study user attr). Every worker reads it after each trial
+and stops (:class:`StopOnTarget` in a plain ``optimize`` loop; ``QuantStudy.optimize`` also before
+reserving its next trial), and the objective reads it before and after its measurement and prunes
+the trial it is running, so each worker stops within the trial it is running when the flag is set.
 
 Example:
     >>> import optuna

@@ -8,6 +8,10 @@ Example:
     >>> study.best_result.summary()                                          # doctest: +SKIP
     'Best trial 41: acc_loss: 0.0063 lat_diff: 2.4468 (targets met)'
     >>> study.export_best("model.int8.onnx")                                 # doctest: +SKIP
+
+Several workers (processes or machines) share a study through a database URL: each runs the same
+``create_study(..., storage="postgresql://...", trials_load_method="warm_start")`` and
+``optimize(n_trials)``; together they run ``n_trials`` trials (see :mod:`optuna_quant.budget`).
 """
 
 from __future__ import annotations
@@ -15,18 +19,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 import logging
 from pathlib import Path
+import time
 from typing import Any
 
 import onnx
 import optuna
-from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
+from tqdm import tqdm
+
+from optuna_quant.artifacts import upload_model
+from optuna_quant.budget import counted_trials
+from optuna_quant.budget import reserve_trial
 
 from optuna_quant.evaluate import EvalFn
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.loss import Targets
 from optuna_quant.model_io import ModelLike
+from optuna_quant.objective import OBJECTIVE_MODES
 from optuna_quant.objective import QuantizationObjective
 from optuna_quant.objective import SPACE_KEY
 from optuna_quant.results import best_trial
@@ -35,13 +45,25 @@ from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import StopOnTarget
+from optuna_quant.stopping import target_reached
+from optuna_quant.storage import DEFAULT_STORAGE  # noqa: F401  (the CLI's default, kept importable here)
+from optuna_quant.storage import default_artifact_dir
+from optuna_quant.storage import describe
+from optuna_quant.storage import GRACE_PERIOD
+from optuna_quant.storage import HEARTBEAT_INTERVAL
+from optuna_quant.storage import heartbeat_interval
+from optuna_quant.storage import open_storage
+from optuna_quant.storage import optuna_warnings_off
+from optuna_quant.storage import study_lock
+from optuna_quant.storage import StudyLock
 
 _logger = logging.getLogger("optuna_quant")
 
-DEFAULT_STORAGE = "sqlite:///optuna_quant.db"
 TRIALS_LOAD_METHODS = ("cold_start", "warm_start", "fine_tune", "eval")
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 FINE_TUNE_SUFFIX = "-fine_tune"
+DIRECTIONS = {"loss": ["minimize"], "pareto": ["minimize", "maximize"]}
+METRIC_NAMES = {"loss": ["loss"], "pareto": ["acc_loss", "lat_diff"]}
+IDLE_SECONDS = 1.0
 
 
 class QuantStudy:
@@ -53,6 +75,8 @@ class QuantStudy:
     Args:
         study: The Optuna study.
         objective: The quantization objective.
+        storage: The storage the study was opened on.
+        artifact_dir: Folder of the artifact store that receives the best model.
         stop_on_target: Stop every worker once a trial meets both targets.
         run_trials: ``False`` for ``trials_load_method="eval"``, where ``optimize`` runs nothing.
     """
@@ -61,11 +85,15 @@ class QuantStudy:
         self,
         study: optuna.Study,
         objective: QuantizationObjective,
+        storage: optuna.storages.BaseStorage,
+        artifact_dir: str | Path,
         stop_on_target: bool = False,
         run_trials: bool = True,
     ) -> None:
         self.study = study
         self.objective = objective
+        self.storage = storage
+        self.artifact_dir = Path(artifact_dir)
         self.stop_on_target = stop_on_target
         self.run_trials = run_trials
 
@@ -77,6 +105,11 @@ class QuantStudy:
         """The accuracy and latency targets."""
         return self.objective.targets
 
+    @property
+    def lock(self) -> StudyLock:
+        """The lock that every worker of this study shares."""
+        return self.objective.lock
+
     def optimize(
         self,
         n_trials: int | None = None,
@@ -84,45 +117,69 @@ class QuantStudy:
         show_progress_bar: bool = False,
         callbacks: Iterable[Any] = (),
     ) -> BestResult | None:
-        """Run trials until the study holds ``n_trials`` finished ones (POT's ``max_trials``).
+        """Run trials until the study holds ``n_trials`` of them (POT's ``max_trials``).
 
-        Under ``warm_start`` the earlier trials count towards ``n_trials``. A trial that fails is
-        recorded as failed with its reason and the run goes on.
+        ``n_trials`` is the study's total, shared by every worker: under ``warm_start`` the
+        earlier trials count, and workers on one storage stop together at ``n_trials``. A trial
+        that fails is recorded as failed with its reason and the run goes on. On a database
+        server a worker that ran out of trials waits for the trials other workers are running,
+        so that one whose worker died is run again here. At the end the best model is stored
+        as an artifact of the study.
 
         Args:
-            n_trials: Total finished trials wanted in the study; ``None`` runs until ``timeout``.
+            n_trials: Total trials wanted in the study; ``None`` runs until ``timeout``.
             timeout: Seconds (POT's ``max_minutes * 60``); the running trial is completed.
-            show_progress_bar: Show Optuna's progress bar.
-            callbacks: More ``optimize`` callbacks.
+            show_progress_bar: Show a progress bar of the study's trials.
+            callbacks: More ``optimize`` callbacks, called after each trial.
 
         Returns:
             The best result, or ``None`` when no trial completed.
+
+        Example:
+            >>> best = study.optimize(n_trials=100, timeout=3600)   # doctest: +SKIP
         """
         if n_trials is None and timeout is None:
             raise ValueError("Give n_trials (max_trials) or timeout (max_minutes), or both.")
         if self.run_trials:
             self.objective.max_trials = n_trials
             self.objective.prepare(self.study)
-            remaining = None
-            all_callbacks = list(callbacks)
-            if n_trials is not None:
-                remaining = n_trials - len(self.study.get_trials(deepcopy=False, states=FINISHED))
-                all_callbacks.append(MaxTrialsCallback(n_trials, states=FINISHED))
-            if self.stop_on_target:
-                all_callbacks.append(StopOnTarget(self.targets))
-            if remaining is None or remaining > 0:
-                self.study.optimize(
-                    self.objective,
-                    n_trials=remaining,
-                    timeout=timeout,
-                    catch=(Exception,),
-                    callbacks=all_callbacks,
-                    show_progress_bar=show_progress_bar,
-                )
+            self._run(n_trials, timeout, [*callbacks], show_progress_bar)
         best = self.best_result
         if best is not None:
             _logger.info(best.summary())
+            if self.run_trials:
+                upload_model(self.study, self.artifact_dir, self.lock, best.number, self.best_model)
         return best
+
+    def _run(self, n_trials: int | None, timeout: float | None, callbacks: list[Any], progress: bool) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        heartbeat = heartbeat_interval(self.storage) is not None
+        if self.stop_on_target:
+            callbacks.append(StopOnTarget(self.targets))
+        with tqdm(total=n_trials, disable=not progress, unit="trial") as bar:
+            while not self._finished(deadline):
+                if reserve_trial(self.study, self.storage, n_trials, self.lock, running_counts=heartbeat):
+                    self.study.optimize(self.objective, n_trials=1, catch=(Exception,), callbacks=callbacks)
+                    bar.update(counted_trials(self.study.get_trials(deepcopy=False), heartbeat) - bar.n)
+                    # A callback's study.stop() ends only Optuna's one-trial loop; honour it here.
+                    if self.study._stop_flag:
+                        return
+                elif heartbeat and self._unfinished_trials():
+                    # Another worker's trial is running; if that worker dies, its trial is queued
+                    # again once its heartbeat is stale, and run here.
+                    time.sleep(IDLE_SECONDS)
+                    with optuna_warnings_off():
+                        optuna.storages.fail_stale_trials(self.study)
+                else:
+                    return
+
+    def _finished(self, deadline: float | None) -> bool:
+        if deadline is not None and time.monotonic() >= deadline:
+            return True
+        return self.stop_on_target and target_reached(self.study) is not None
+
+    def _unfinished_trials(self) -> bool:
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)))
 
     @property
     def best_result(self) -> BestResult | None:
@@ -142,13 +199,17 @@ class QuantStudy:
         return self.objective.quantizer.quantize(self.objective.space.to_config(best.params))
 
     def export_best(self, path: str | Path) -> BestResult:
-        """Write the best int8 model to ``path``; a run that missed a target still exports its best."""
+        """Write the best int8 model to ``path``; a run that missed a target still exports its best.
+
+        The model is also stored as an artifact of the study (see :mod:`optuna_quant.artifacts`).
+        """
         model = self.best_model()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))
         best = self.best_result
         assert best is not None  # best_model() raised otherwise
+        upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
             _logger.warning("Exported the best model, which misses the %s target.", " and ".join(best.missed))
         return best
@@ -176,6 +237,10 @@ def create_study(
     metrics: float | None = None,
     eval_subset_size: int | None = None,
     example_inputs: Any = None,
+    objective_mode: str = "loss",
+    artifact_dir: str | Path | None = None,
+    heartbeat_interval: int = HEARTBEAT_INTERVAL,
+    grace_period: int = GRACE_PERIOD,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -191,9 +256,12 @@ def create_study(
         latency_weight: Weight of the latency term of POT's loss.
         sampler: ``"tpe"`` (default), ``"gp"``, ``"random"``, or any Optuna sampler.
         seed: Seed of a sampler given by name.
-        storage: Any Optuna storage; default an SQLite file, ``optuna_quant.db``.
+        storage: Any Optuna storage URL or object; default an SQLite file, ``optuna_quant.db``.
+            A database server (``postgresql://...``) lets workers on many machines share the
+            study, with a heartbeat that runs again the trial of a worker that died.
         study_name: The study's name in the storage.
         trials_load_method: ``cold_start``, ``warm_start``, ``fine_tune`` or ``eval`` (POT's).
+            Every worker of a shared study uses ``warm_start``.
         stop_on_target: Stop every worker once a trial meets both targets.
         scopes: The tuning scopes that vary: ``layer``, ``range_estimator``, ``granularity``,
             ``mode``. Under ``fine_tune``, the scopes that vary around the previous best.
@@ -202,17 +270,28 @@ def create_study(
         metrics: The fp32 accuracy, when known: skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
         example_inputs: Example inputs of a ``torch.nn.Module`` model.
+        objective_mode: ``"loss"`` (default) minimises POT's loss; ``"pareto"`` makes a
+            two-objective study (minimise ``acc_loss``, maximise ``lat_diff``) whose Pareto front
+            optuna-dashboard shows. ``best_result`` follows POT's rule in both.
+        artifact_dir: Folder of the artifact store for the best model (optuna-dashboard's
+            ``--artifact-dir``); default beside the SQLite file, or ``./optuna_quant-artifacts``.
+        heartbeat_interval: Seconds between heartbeats of a running trial (database servers).
+        grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
 
     Returns:
         The :class:`QuantStudy`.
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: For bad input, before any trial runs.
+        ValueError, TypeError, FileNotFoundError: For bad input, before any trial runs; a
+            storage that cannot be opened raises :class:`optuna_quant.storage.StorageError`
+            (a ``ValueError``) naming its URL, before anything is written.
     """
     if trials_load_method not in TRIALS_LOAD_METHODS:
         raise ValueError(
             f"Unknown trials_load_method {trials_load_method!r}; choose from {TRIALS_LOAD_METHODS}."
         )
+    if objective_mode not in OBJECTIVE_MODES:
+        raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
     if (eval_fn is None) == (eval_data is None):
         raise ValueError("Give exactly one of eval_fn and eval_data.")
@@ -221,17 +300,17 @@ def create_study(
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
+    storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.torch_export import export_module
 
         model, _ = export_module(model, example_inputs)
-    storage = DEFAULT_STORAGE if storage is None else storage
     scopes = tuple(scopes)
 
     space = None
     name = study_name
     if trials_load_method == "fine_tune":
-        previous = _load_or_none(study_name, storage)
+        previous = _load_or_none(study_name, storage_obj)
         if previous is None:
             _logger.info("No study %r to fine-tune: starting with cold_start.", study_name)
             trials_load_method = "cold_start"
@@ -250,27 +329,46 @@ def create_study(
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,
         stop_on_target=stop_on_target,
+        objective_mode=objective_mode,
+        lock=study_lock(storage_obj, name),
     )
+    artifact_dir = default_artifact_dir(storage_obj) if artifact_dir is None else artifact_dir
     if trials_load_method == "eval":
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler_obj)
+        study = _load_or_none(name, storage_obj, sampler_obj)
+        if study is None:
+            raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
         objective.space = SearchSpace.from_dict(study.user_attrs[SPACE_KEY])
-        return QuantStudy(study, objective, stop_on_target, run_trials=False)
+        return QuantStudy(study, objective, storage_obj, artifact_dir, stop_on_target, run_trials=False)
     if trials_load_method == "warm_start":
-        if _load_or_none(name, storage) is None:
+        if _load_or_none(name, storage_obj) is None:
             _logger.info("No study %r to warm-start: starting with cold_start.", name)
-    elif _load_or_none(name, storage) is not None:
+    elif _load_or_none(name, storage_obj) is not None:
         _logger.info("cold_start: deleting the existing study %r.", name)
-        optuna.delete_study(study_name=name, storage=storage)
+        optuna.delete_study(study_name=name, storage=storage_obj)
     study = optuna.create_study(
-        study_name=name, storage=storage, sampler=sampler_obj, direction="minimize", load_if_exists=True
+        study_name=name,
+        storage=storage_obj,
+        sampler=sampler_obj,
+        directions=DIRECTIONS[objective_mode],
+        load_if_exists=True,
     )
+    if len(study.directions) != len(DIRECTIONS[objective_mode]):
+        raise ValueError(
+            f"Study {name!r} has {len(study.directions)} objective(s), not {objective_mode!r} mode's "
+            f"{len(DIRECTIONS[objective_mode])}; use another study name or cold_start."
+        )
+    if study.metric_names is None:
+        with optuna_warnings_off():
+            study.set_metric_names(METRIC_NAMES[objective_mode])
     _ensure_log_handler()
-    return QuantStudy(study, objective, stop_on_target)
+    return QuantStudy(study, objective, storage_obj, artifact_dir, stop_on_target)
 
 
-def _load_or_none(study_name: str, storage: str | optuna.storages.BaseStorage) -> optuna.Study | None:
+def _load_or_none(
+    study_name: str, storage: optuna.storages.BaseStorage, sampler: optuna.samplers.BaseSampler | None = None
+) -> optuna.Study | None:
     try:
-        return optuna.load_study(study_name=study_name, storage=storage)
+        return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
     except KeyError:
         return None
 

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_samplers import (  # noqa: E402
+    BASELINES,
     HYPEROPT_TPE,
     Task,
     Trace,
@@ -128,7 +129,23 @@ def test_random_replay_on_synthetic_table(tmp_path: Path) -> None:
     assert len(hits) == 2 and all(1 <= hit <= 21 for hit in hits)
     assert result["success_rate"] == sum(hit <= 20 for hit in hits) / 2
     assert all(0 <= d < 20 for d in result["duplicates"]["per_seed"])
+    path = TABLES_DIR / "synthetic_interactions.json"
+    replayed = run_task(Task("random", BASELINES["random"], str(path), seed=0, budget=20, constraints=True))
+    table = Table.load(path)
+    assert hits[0] == trials_to_target(replayed, table, 20)
+    assert result["duplicates"]["per_seed"][0] == count_duplicates(replayed.keys, table.size)
     assert set(result["best_lat_diff"]) == {"20"}
     curve = result["best_loss_curve"]["median"]
     assert len(curve) == 20 and all(a >= b for a, b in zip(curve, curve[1:]))
     assert (tmp_path / "samplers_synthetic_interactions.png").exists()
+
+
+def test_runs_merge_into_one_report(tmp_path: Path) -> None:
+    common = ["--tables", "synthetic_interactions", "--budget", "10", "--plots-dir", str(tmp_path)]
+    for sampler, seeds in (("random", "2"), ("optuna-tpe", "1")):
+        main([*common, "--samplers", sampler, "--seeds", seeds, "--out", str(tmp_path / f"{sampler}.json")])
+    merged = main([*common, "--from-results", str(tmp_path / "random.json"), str(tmp_path / "optuna-tpe.json"),
+                   "--out", str(tmp_path / "merged.json")])
+    samplers = merged["tables"]["synthetic_interactions"]["samplers"]
+    assert {name: r["seeds"] for name, r in samplers.items()} == {"random": 2, "optuna-tpe": 1}
+    assert len(merged["commands"]) == 2

@@ -70,6 +70,23 @@ def test_split_puts_feasible_first_then_infeasible_by_total_violation() -> None:
     assert order(4) == [1, 2, 3, 4]
 
 
+def test_violations_count_in_units_of_each_constraint() -> None:
+    # Accuracy-like constraint of typical size 0.01, latency-like of typical size 1: trial 0
+    # misses accuracy by 0.02 (two units), trial 1 misses latency by 0.5 (half a unit).
+    values = np.zeros(6)
+    constraints = np.array(
+        [[0.02, -1.0], [-0.01, 0.5], [-0.01, -1.0], [0.01, -1.0], [-0.01, 1.0], [0.01, 1.0]]
+    )
+    # Trial 2 is the only feasible one; then trial 1 (0.5 units) beats trial 0 (2 units).
+    assert split_good_bad(values, constraints, lambda n: 2)[0].tolist() == [1, 2]
+
+
+def test_missing_constraints_count_as_infeasible() -> None:
+    values = np.array([0.0, 1.0, 2.0])
+    constraints = np.array([[np.inf], [-1.0], [1.0]])
+    assert split_good_bad(values, constraints, lambda n: 2)[0].tolist() == [1, 2]
+
+
 def test_gamma_rules() -> None:
     assert [quantile_gamma(0.1, n) for n in (1, 10, 11, 100, 400)] == [1, 1, 2, 10, 25]
     assert [sqrt_gamma(0.3, n) for n in (1, 10, 100, 10_000)] == [1, 1, 3, 25]
@@ -91,6 +108,17 @@ def test_constraints_steer_the_good_set(multivariate: bool) -> None:
         return sum(t.params["x"] >= 50 for t in study.trials[20:])
 
     assert run(True) >= 10 > 5 >= run(False)
+
+
+def test_constraints_can_be_left_aside() -> None:
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_int("x", 0, 99)
+        trial.set_constraint("c", 50 - x)
+        return float(x)
+
+    study = optuna.create_study(sampler=TPESampler(seed=0, constraints=False))
+    study.optimize(objective, n_trials=40)
+    assert sum(t.params["x"] >= 50 for t in study.trials[20:]) <= 5
 
 
 # ---- never repeat ---------------------------------------------------------------------------
@@ -163,6 +191,7 @@ def test_pot_preset_settings() -> None:
     sampler = TPESampler.pot(seed=0)
     assert sampler._n_startup_trials == 10
     assert not sampler._multivariate and sampler._constant_liar
+    assert not sampler._constraints  # POT's TPE knew only the loss
     assert [sampler._gamma(n) for n in (10, 100, 1000)] == [
         math.ceil(0.3 * math.sqrt(n)) for n in (10, 100, 1000)
     ]
@@ -209,14 +238,26 @@ def test_plain_study_with_numbers(multivariate: bool) -> None:
         k = trial.suggest_int("k", 1, 1024, log=True)
         return (x - 1) ** 2 + abs(n - 3) + abs(math.log10(lr) + 3) + abs(math.log2(k) - 4)
 
-    study = optuna.create_study(sampler=TPESampler(seed=0, multivariate=multivariate))
-    study.optimize(objective, n_trials=80)
-    random = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    random.optimize(objective, n_trials=80)
-    assert study.best_value < random.best_value
-    for t in study.trials:
+    def best(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(objective, n_trials=80)
+        return study
+
+    studies = [best(TPESampler(seed=seed, multivariate=multivariate)) for seed in range(3)]
+    randoms = [best(optuna.samplers.RandomSampler(seed=seed)) for seed in range(3)]
+    assert np.mean([s.best_value for s in studies]) < np.mean([s.best_value for s in randoms])
+    for t in studies[0].trials:
         assert -5 <= t.params["x"] <= 5 and isinstance(t.params["n"], int)
         assert 1e-5 <= t.params["lr"] <= 1 and 1 <= t.params["k"] <= 1024
+
+
+def test_huge_integer_range_is_not_listed() -> None:
+    def objective(trial: optuna.Trial) -> float:
+        return abs(trial.suggest_int("n", 0, 10**12) - 10**11) + trial.suggest_int("k", 0, 3)
+
+    study = optuna.create_study(sampler=TPESampler(seed=0, n_startup_trials=3))
+    study.optimize(objective, n_trials=8)
+    assert all(isinstance(t.params["n"], int) and 0 <= t.params["n"] <= 10**12 for t in study.trials)
 
 
 def test_maximize_and_dynamic_parameters() -> None:

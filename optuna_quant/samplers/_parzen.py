@@ -260,8 +260,11 @@ class MultivariateParzen:
         probs[:, :n, :] /= (1.0 + n_choices * smoothing)[:, None, None]
         probs[:, n, :] = np.where(valid, 1.0 / n_choices[:, None], 0.0)
         self._cat_probs = probs
-        with np.errstate(divide="ignore"):
-            self._cat_log_probs = np.log(probs)
+        # Log probabilities as a (n_cat * max_choices, n_kernels) matrix, so that a one-hot
+        # encoding of the candidates picks and sums them in one product; padding is never picked.
+        self._max_choices = max_choices
+        log_probs = np.log(np.where(valid[:, None, :], probs, 1.0))
+        self._cat_log_table = log_probs.transpose(0, 2, 1).reshape(-1, n + 1)
         self._gaussians = [gaussian_kernels(observations[:, j], dims[j]) for j in self._num]
 
     def sample(self, rng: np.random.RandomState, size: int) -> np.ndarray:
@@ -279,9 +282,10 @@ class MultivariateParzen:
         x = np.asarray(x, dtype=float)
         per_kernel = np.tile(np.log(self._mixture_weights), (len(x), 1))
         if self._cat:
-            cat = x[:, self._cat].astype(np.int64)
-            # (m, n_cat, n_kernels) gathered in one step, then summed over the parameters.
-            per_kernel += self._cat_log_probs[np.arange(len(self._cat))[None, :], :, cat].sum(axis=1)
+            cat = x[:, self._cat].astype(np.int64) + np.arange(len(self._cat)) * self._max_choices
+            one_hot = np.zeros((len(x), self._cat_log_table.shape[0]))
+            one_hot[np.arange(len(x))[:, None], cat] = 1.0
+            per_kernel += one_hot @ self._cat_log_table
         for j, (mus, sigmas) in zip(self._num, self._gaussians):
             per_kernel += _gaussian_log_pdf(x[:, j], mus, sigmas, self._dims[j])
         return _logsumexp(per_kernel, axis=1)
@@ -367,6 +371,21 @@ def log_gauss_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(a >= 0, tail, middle)
 
 
+# erfc(x) = t exp(-x^2 + P(t)), t = 1 / (1 + x / 2), P's coefficients from the highest power down.
+_ERFC_COEFFICIENTS = (
+    0.17087277,
+    -0.82215223,
+    1.48851587,
+    -1.13520398,
+    0.27886807,
+    -0.18628806,
+    0.09678418,
+    0.37409196,
+    1.00002368,
+    -1.26551223,
+)
+
+
 def _log_upper_tail(z: np.ndarray) -> np.ndarray:
     """``log(1 - Phi(z))`` for ``z >= 0``, from the Chebyshev fit of erfc in Numerical Recipes.
 
@@ -374,19 +393,9 @@ def _log_upper_tail(z: np.ndarray) -> np.ndarray:
     """
     x = z / math.sqrt(2.0)
     t = 1.0 / (1.0 + 0.5 * x)
-    poly = -1.26551223 + t * (
-        1.00002368
-        + t
-        * (
-            0.37409196
-            + t
-            * (
-                0.09678418
-                + t
-                * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))
-            )
-        )
-    )
+    poly = np.zeros_like(t)
+    for coefficient in _ERFC_COEFFICIENTS:
+        poly = poly * t + coefficient
     return math.log(0.5) + np.log(t) - x * x + poly
 
 

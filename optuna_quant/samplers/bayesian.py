@@ -1,4 +1,4 @@
-"""Bayesian optimisation on a discrete space: Intel Neural Compressor's pieces, and an Optuna sampler.
+"""Bayesian optimisation on a discrete space: INC's Bayesian pieces, and an Optuna sampler.
 
 The public pieces keep the names and meanings of INC's Bayesian tuning strategy
 (``neural_compressor.strategy.bayesian``): a :class:`TargetSpace` of evaluated points, a
@@ -179,7 +179,7 @@ class TargetSpace:
         """
         x = np.asarray(x).ravel()
         if len(x) != self.dim:
-            raise ValueError(f"Size of array ({len(x)}) is different than the expected ({self.dim}).")
+            raise ValueError(f"Size of array ({len(x)}) differs from the expected ({self.dim}).")
         return {key: int(value) for key, value in zip(self._keys, x)}
 
     def register(
@@ -240,7 +240,8 @@ class TargetSpace:
         if len(feasible) == 0:
             return {}
         best = feasible[np.argmax(self.target[feasible])]
-        return {"target": float(self.target[best]), "params": self.array_to_params(self.params[best])}
+        params = self.array_to_params(self.params[best])
+        return {"target": float(self.target[best]), "params": params}
 
     def res(self) -> list[dict[str, Any]]:
         """Every registered point in order: ``{"target": ..., "params": ...}`` (and constraints)."""
@@ -260,7 +261,7 @@ class TargetSpace:
             return self.params_to_array(params)
         x = np.asarray(params).ravel()
         if len(x) != self.dim:
-            raise ValueError(f"Size of array ({len(x)}) is different than the expected ({self.dim}).")
+            raise ValueError(f"Size of array ({len(x)}) differs from the expected ({self.dim}).")
         return x.astype(np.int64)
 
     def _hashable(self, params: Mapping[str, Any] | Sequence[int] | np.ndarray) -> Config:
@@ -392,7 +393,7 @@ def acq_max(
 
     - a space of at most ``n_warmup`` points is scored in full (the exact maximum);
     - otherwise ``n_warmup`` random points are scored together with the one-flip neighbours and
-      (up to ``n_warmup // 2``) two-flip neighbours of ``anchors``, then a best-improvement
+      ``n_warmup // 4`` random two-flip neighbours of ``anchors``, then a best-improvement
       coordinate search runs from the ``n_iter`` best of them: each round scores every one-flip
       neighbour and moves to the best, until none improves.
 
@@ -463,8 +464,8 @@ class _CandidateSearch:
         pools = [(rng.random_sample((n_random, self.dim)) * self.n_choices).astype(np.int64)]
         if anchors is not None and len(anchors):
             pools.append(self._one_flips(anchors))
-            pools.append(self._two_flips(rng, anchors, max(1, n_random // 2)))
-        candidates = self._allowed(np.unique(np.vstack(pools), axis=0))
+            pools.append(self._two_flips(rng, anchors, max(1, n_random // 4)))
+        candidates = self._allowed(np.vstack(pools))
         if len(candidates) == 0:
             return None
         scores = self.score(candidates)
@@ -496,13 +497,14 @@ class _CandidateSearch:
         return candidates[self._allowed_mask(candidates)]
 
     def _allowed_mask(self, candidates: np.ndarray) -> np.ndarray:
-        if not self.excluded:
-            return np.ones(len(candidates), dtype=bool)
-        return np.fromiter(
-            (tuple(row) not in self.excluded for row in candidates.tolist()),
-            dtype=bool,
-            count=len(candidates),
-        )
+        """Rows neither excluded nor repeating an earlier row."""
+        mask = np.zeros(len(candidates), dtype=bool)
+        met: set[Config] = set()
+        for i, row in enumerate(map(tuple, candidates.tolist())):
+            if row not in self.excluded and row not in met:
+                met.add(row)
+                mask[i] = True
+        return mask
 
     def _one_flips(self, points: np.ndarray) -> np.ndarray:
         """Every point that differs from one of ``points`` in exactly one coordinate."""
@@ -546,6 +548,9 @@ class BayesianOptimization:
             constraints, expected improvement times the probability of feasibility is used.
         n_warmup: Random candidates scored per suggestion (see :func:`acq_max`).
         n_iter: Coordinate searches per suggestion (see :func:`acq_max`).
+        candidate_budget: If given, at most ``candidate_budget // n`` random candidates (and never
+            fewer than 256) are scored with ``n`` registered points: scoring a candidate costs
+            ``O(n^2)``, and this keeps the cost of a suggestion about flat over a long run.
 
     Example:
         >>> bo = BayesianOptimization({"x": (0, 5), "y": (0, 4)}, random_seed=0)
@@ -565,6 +570,7 @@ class BayesianOptimization:
         acquisition: str = "ei",
         n_warmup: int = 10000,
         n_iter: int = 10,
+        candidate_budget: int | None = None,
     ) -> None:
         if acquisition not in ("ei", "ucb"):
             raise ValueError(f"acquisition must be 'ei' or 'ucb', got {acquisition!r}.")
@@ -579,6 +585,7 @@ class BayesianOptimization:
         self._acquisition = acquisition
         self._n_warmup = n_warmup
         self._n_iter = n_iter
+        self._candidate_budget = candidate_budget
         self._target_gp = self._new_gp()
         self._constraint_gps: list[DiscreteGP] = []
 
@@ -618,9 +625,12 @@ class BayesianOptimization:
             return space.array_to_params(self._random_unseen(excluded))
 
         target = _warp(space.target, centre=float(np.median(space.target)))
-        gp = self._target_gp.fit(space.params, target).with_pending(pending)
         feasible = space.feasible
         y_max = float(np.max(target[feasible])) if feasible.any() else None
+        # Until a point is feasible only the constraints' models are consulted.
+        gp = None
+        if y_max is not None or space.constraints is None:
+            gp = self._target_gp.fit(space.params, target).with_pending(pending)
         if space.constraints is None:
             ac: Callable[..., np.ndarray] = (
                 UpperConfidenceBound() if self._acquisition == "ucb" else ExpectedImprovement()
@@ -633,7 +643,7 @@ class BayesianOptimization:
             y_max,
             space.bounds,
             self._random_state,
-            n_warmup=self._n_warmup,
+            n_warmup=self._warmup_size(),
             n_iter=self._n_iter,
             exclude=excluded,
             anchors=self._anchors(target),
@@ -643,6 +653,11 @@ class BayesianOptimization:
     def gen_next_params(self) -> dict[str, int]:
         """The next point to evaluate (INC's name for :meth:`suggest`)."""
         return self.suggest()
+
+    def _warmup_size(self) -> int:
+        if self._candidate_budget is None:
+            return self._n_warmup
+        return max(256, min(self._n_warmup, self._candidate_budget // len(self._space)))
 
     def _new_gp(self) -> DiscreteGP:
         return DiscreteGP(self._n_choices, self._ordinal)
@@ -662,7 +677,9 @@ class BayesianOptimization:
         if space.constraints is None:
             order = np.argsort(-target)
         else:
-            violation = np.sum(np.maximum(_finite(space.constraints), 0.0), axis=1)
+            # Warped, so that constraints of different units weigh alike.
+            warped = np.column_stack([_warp(c, centre=0.0) for c in space.constraints.T])
+            violation = np.sum(np.maximum(warped, 0.0), axis=1)
             order = np.lexsort((-target, violation))
         return space.params[order[:k]]
 
@@ -739,7 +756,10 @@ class DiscreteGPSampler(BaseSampler):
         seed: Seed of the random number generator.
         n_startup_trials: Random trials before the models take over.
         n_candidates: Random candidates scored per trial when the space is larger than that
-            (smaller spaces are scored in full).
+            (smaller spaces are scored in full). Past ``candidate_budget / n_candidates``
+            completed trials, fewer: ``candidate_budget / n`` with ``n`` completed trials.
+        candidate_budget: Bounds the cost of scoring the candidates, which grows with the
+            number of trials (see :class:`BayesianOptimization`).
         n_local_search: Coordinate searches on the acquisition per trial.
 
     Raises:
@@ -751,12 +771,14 @@ class DiscreteGPSampler(BaseSampler):
         *,
         seed: int | None = None,
         n_startup_trials: int = 4,
-        n_candidates: int = 1024,
-        n_local_search: int = 5,
+        n_candidates: int = 4096,
+        candidate_budget: int = 100_000,
+        n_local_search: int = 3,
     ) -> None:
         self._rng = np.random.RandomState(seed)
         self._n_startup_trials = n_startup_trials
         self._n_candidates = n_candidates
+        self._candidate_budget = candidate_budget
         self._n_local_search = n_local_search
         self._intersection = IntersectionSearchSpace()
         self._optimizer: BayesianOptimization | None = None
@@ -773,13 +795,16 @@ class DiscreteGPSampler(BaseSampler):
         space = self._intersection.calculate(study)
         if not space:
             space = _shared_distributions(
-                t for t in study._get_trials(deepcopy=False, use_cache=True) if t.number != trial.number
+                t
+                for t in study._get_trials(deepcopy=False, use_cache=True)
+                if t.number != trial.number
             )
         return {name: d for name, d in sorted(space.items()) if not d.single()}
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
+        self._raise_error_if_multi_objective(study)
         if not search_space:
             return {}
         space = DiscreteSpace(search_space)
@@ -791,7 +816,7 @@ class DiscreteGPSampler(BaseSampler):
             return {}  # Every configuration has been tried: a repeat is unavoidable.
         pending = np.vstack([history.running, np.array(claimed, np.int64).reshape(-1, space.dim)])
         for _ in range(5):
-            config = self._choose(space, history, pending, seen)
+            config = self._choose(study, space, history, pending, seen)
             if not _claim_is_contested(study, trial, space, config):
                 break
             seen.add(config)
@@ -809,15 +834,20 @@ class DiscreteGPSampler(BaseSampler):
         return choices[self._rng.randint(len(choices))]
 
     def _choose(
-        self, space: DiscreteSpace, history: History, pending: np.ndarray, seen: set[Config]
+        self,
+        study: Study,
+        space: DiscreteSpace,
+        history: History,
+        pending: np.ndarray,
+        seen: set[Config],
     ) -> Config:
         if len(history.values) < self._n_startup_trials:
             return self._random_unseen(space, seen)
-        optimizer = self._optimizer_for(space, history)
+        optimizer = self._optimizer_for(study, space, history)
         for config, value, row in zip(
             history.configs.tolist(),
             history.values,
-            history.constraints if history.constraints is not None else [None] * len(history.values),
+            [None] * len(history.values) if history.constraints is None else history.constraints,
         ):
             if config not in optimizer.space:
                 # Optuna minimises by default, INC maximises: History's values are lower-better.
@@ -835,9 +865,12 @@ class DiscreteGPSampler(BaseSampler):
                 return tuple(row)
         return tuple(space.unseen(self._rng, seen, 1)[0].tolist())
 
-    def _optimizer_for(self, space: DiscreteSpace, history: History) -> BayesianOptimization:
+    def _optimizer_for(
+        self, study: Study, space: DiscreteSpace, history: History
+    ) -> BayesianOptimization:
+        # Kept across trials of one study and space, so that the GPs warm-start their fits.
         n_constraints = 0 if history.constraints is None else history.constraints.shape[1]
-        key = (space.names, space.choices, n_constraints)
+        key = (id(study._storage), study._study_id, space.names, space.choices, n_constraints)
         if self._optimizer is None or self._optimizer_key != key:
             ordinal = [
                 name
@@ -850,6 +883,7 @@ class DiscreteGPSampler(BaseSampler):
                 ordinal=ordinal,
                 n_warmup=self._n_candidates,
                 n_iter=self._n_local_search,
+                candidate_budget=self._candidate_budget,
             )
             self._optimizer_key = key
         return self._optimizer
@@ -872,7 +906,8 @@ def _claimed_configs(trials: Sequence[FrozenTrial], space: DiscreteSpace) -> lis
     """Configurations claimed by running trials that have not set all their parameters yet."""
     claimed = []
     for t in trials:
-        if t.state not in (TrialState.RUNNING, TrialState.WAITING) or _CLAIM_KEY not in t.system_attrs:
+        running = t.state in (TrialState.RUNNING, TrialState.WAITING)
+        if not running or _CLAIM_KEY not in t.system_attrs:
             continue
         if space.encode(t.params) is not None:
             continue  # Its parameters are set: History already counts it.
@@ -882,7 +917,9 @@ def _claimed_configs(trials: Sequence[FrozenTrial], space: DiscreteSpace) -> lis
     return claimed
 
 
-def _claim_is_contested(study: Study, trial: FrozenTrial, space: DiscreteSpace, config: Config) -> bool:
+def _claim_is_contested(
+    study: Study, trial: FrozenTrial, space: DiscreteSpace, config: Config
+) -> bool:
     """Claim ``config`` for ``trial``; whether another trial has claimed or used it meanwhile.
 
     Writing the claim before reading the others' means that of two workers choosing the same
@@ -892,7 +929,7 @@ def _claim_is_contested(study: Study, trial: FrozenTrial, space: DiscreteSpace, 
         trial._trial_id, _CLAIM_KEY, json.dumps(space.decode(config))
     )
     for other in study._storage.get_all_trials(study._study_id, deepcopy=False):
-        if other.number == trial.number or other.state == TrialState.COMPLETE:
+        if other.number == trial.number:
             continue
         if space.encode(other.params) == config:
             return True

@@ -1,0 +1,225 @@
+"""QAT recipe: when PTQ's best configuration misses the accuracy target, fine-tune in fake quant.
+
+1. The model: the demo's wide CNN (64/128/128/128 channels) trained on the 5,000 MNIST digits, made
+   as sensitive to int8 as real MobileNets by the demo's function-preserving channel rescaling of
+   the conv 4 -> ReLU -> conv 6 pair (see :mod:`examples.demo_model`), done here on the torch
+   model so that it can be fine-tuned. The trained weights are cached in ``.cache/qat``.
+2. PTQ: an optuna-quant study over every all-int8 configuration (``range_estimator``,
+   ``granularity``, ``mode``; no layer falls back to fp32, so the int8 speed-up is kept). Its best
+   configuration misses the 1 % accuracy target.
+3. QAT: the same float model with fake quantizers (``quantize_modules``), max calibration, two
+   epochs of Adam with a cosine decay and parameter groups (``group_parameters``: a lower
+   learning rate for the early convolutions than for the last one and the classifier), the
+   first convolution frozen (``freeze_parameters``), then the weights written onto the int8 grid
+   (``quant_weight_inplace``).
+4. ``export_qat`` gives a QDQ ONNX model; its accuracy, ``lat_diff`` and POT loss are measured by
+   the study's own objective (its ``eval_fn``, paired latency timing and loss scaling), next to a
+   fresh measurement of the PTQ best.
+
+Run (about 4 minutes on two busy cores the first time, training included; 2 minutes after)::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m examples.qat_recipe
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import math
+from pathlib import Path
+import time
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import optuna
+import torch
+from torch import nn
+
+import optuna_quant as oq
+from examples.demo_model import SPREAD
+from examples.demo_model import train_cnn
+from examples.mnist import load_mnist
+from examples.mnist import MnistSplit
+from optuna_quant.latency import measure_latency
+from optuna_quant.loss import relative_accuracy_loss
+from optuna_quant.objective import Measurement
+from optuna_quant.qat import calibrate
+from optuna_quant.qat import export_qat
+from optuna_quant.qat import freeze_parameters
+from optuna_quant.qat import group_parameters
+from optuna_quant.qat import quant_weight_inplace
+from optuna_quant.qat import quantize_modules
+
+CACHE_DIR = Path(".cache") / "qat"
+WEIGHTS_FILE = "mnist_cnn.pt"
+# Sequential indices of the rescaled pair: the third and fourth convolutions.
+PRODUCER, CONSUMER = 4, 6
+BATCH_SIZE = 64
+
+
+def rescale_pair(
+    producer: nn.Conv2d, consumer: nn.Conv2d, spread: tuple[float, float], seed: int = 0
+) -> None:
+    """Scale ``producer``'s output channels by ``s`` and ``consumer``'s input channels by ``1 / s``.
+
+    The scales are the demo's (same log-uniform draw), and with only a ReLU between the two
+    convolutions the model computes the same function.
+    """
+    low, high = np.log(spread[0]), np.log(spread[1])
+    draws = np.random.default_rng(seed).uniform(low, high, producer.out_channels)
+    scales = torch.from_numpy(np.exp(draws).astype(np.float32))
+    with torch.no_grad():
+        producer.weight.mul_(scales[:, None, None, None])
+        producer.bias.mul_(scales)
+        consumer.weight.div_(scales[None, :, None, None])
+
+
+def sensitive_cnn(data: MnistSplit, cache_dir: Path = CACHE_DIR) -> nn.Sequential:
+    """The trained and rescaled float CNN; training runs once, then the weights come from cache."""
+    path = cache_dir / WEIGHTS_FILE
+    model = train_cnn(data, epochs=0)  # the architecture, untrained
+    if path.is_file():
+        model.load_state_dict(torch.load(path))
+    else:
+        start = time.perf_counter()
+        model = train_cnn(data)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+        print(f"Trained the CNN in {time.perf_counter() - start:.0f} s (cached in {path})")
+    rescale_pair(model[PRODUCER], model[CONSUMER], SPREAD)
+    return model.eval()
+
+
+def run_ptq(model: nn.Module, data: MnistSplit, trials: int, seed: int) -> oq.QuantStudy:
+    """Tune the all-int8 configurations of ``model`` and return the study."""
+    study = oq.create_study(
+        model=model,
+        example_inputs=torch.zeros(1, 1, 28, 28),
+        calibration_data=[data.x_train[i : i + 1] for i in range(200)],
+        eval_data=(data.x_test, data.y_test),
+        accuracy_loss=1.0,
+        latency_reduce=1.5,
+        scopes=("range_estimator", "granularity", "mode"),
+        sampler="tpe",
+        seed=seed,
+        storage=optuna.storages.InMemoryStorage(),
+        study_name="qat-recipe-ptq",
+        artifact_dir=CACHE_DIR / "artifacts",
+    )
+    study.optimize(n_trials=trials)
+    return study
+
+
+def finetune_qat(model: nn.Module, data: MnistSplit, epochs: int, seed: int) -> nn.Sequential:
+    """A fake-quantized copy of ``model``, calibrated, fine-tuned and with int8-grid weights."""
+    torch.manual_seed(seed)
+    qat = quantize_modules(copy.deepcopy(model))
+    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    # Max calibration on 512 training digits; inputs after ReLUs (and the pixels) become uint8.
+    calibrate(qat, [x[i : i + 128] for i in range(0, 512, 128)])
+
+    # The first convolution has 9 weights per channel and needs no change: freeze it. The
+    # early convolutions move slowly, the last convolution and the classifier ten times faster.
+    freeze_parameters(qat, [r"^0\."])
+    groups = group_parameters(qat, [[r"^2\.", r"^4\."], [r"^6\.", r"^9\."]], lrs=[1e-4, 1e-3])
+    optimizer = torch.optim.Adam(groups)
+    # Decaying to zero mattered: at a constant rate the accuracy stalled about 0.5 % lower.
+    steps_per_epoch = -(-len(x) // BATCH_SIZE)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps_per_epoch)
+    qat.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(x))
+        for start in range(0, len(x), BATCH_SIZE):
+            batch = order[start : start + BATCH_SIZE]
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(qat(x[batch]), y[batch]).backward()
+            optimizer.step()
+            schedule.step()
+    quant_weight_inplace(qat)
+    return qat.eval()
+
+
+def measure_onnx(study: oq.QuantStudy, int8_model: object, seconds: float) -> Measurement:
+    """Measure an int8 ONNX model the way the study's objective measures a trial."""
+    objective = study.objective
+    fp32, int8 = (
+        ort.InferenceSession(
+            model.SerializeToString(),
+            objective.benchmark.session_options(),
+            providers=["CPUExecutionProvider"],
+        )
+        for model in (objective.model, int8_model)
+    )
+    start = time.perf_counter()
+    accuracy = objective.eval_fn(int8)
+    evaluated = time.perf_counter()
+    latency = measure_latency(fp32, int8, objective.latency_feed, objective.benchmark)
+    return Measurement(
+        accuracy=accuracy,
+        acc_loss=relative_accuracy_loss(objective.baseline(), accuracy),
+        latency=latency,
+        quantize_seconds=seconds,
+        eval_seconds=evaluated - start,
+        latency_seconds=time.perf_counter() - evaluated,
+    )
+
+
+def row(name: str, m: Measurement, study: oq.QuantStudy) -> str:
+    missed = study.targets.missed(m.acc_loss, m.lat_diff)
+    verdict = "targets met" if not missed else "misses " + " and ".join(missed)
+    return (
+        f"{name:10s} accuracy {m.accuracy:.4f}  acc_loss {100 * m.acc_loss:5.2f} %  "
+        f"lat_diff {m.lat_diff:4.2f} (spread {m.latency.spread:.2f})  "
+        f"loss {study.objective.loss(m):7.2f}  {verdict}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20, help="PTQ trials (default 20)")
+    parser.add_argument("--epochs", type=int, default=2, help="QAT epochs (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--export", default="demo-out/mnist_cnn.qat.onnx")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # torch 2.13's ONNX exporter warns on every export that torchvision is absent, and about its
+    # own use of a deprecated pytree API: nothing this recipe can act on.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+    torch.set_num_threads(2)
+
+    data = load_mnist()
+    model = sensitive_cnn(data)
+
+    start = time.perf_counter()
+    study = run_ptq(model, data, args.trials, args.seed)
+    best = study.best_result
+    distinct = len({tuple(sorted(trial.params.items())) for trial in study.trials})
+    space_size = math.prod(len(d.choices) for d in study.objective.space.distributions().values())
+    print(
+        f"PTQ: {len(study.trials)} trials ({distinct} distinct configurations of {space_size}) "
+        f"in {time.perf_counter() - start:.0f} s. {best.summary()}"
+    )
+    print(f"     best configuration: {best.params}")
+
+    start = time.perf_counter()
+    qat = finetune_qat(model, data, args.epochs, args.seed)
+    Path(args.export).parent.mkdir(parents=True, exist_ok=True)
+    qat_onnx = export_qat(qat, torch.zeros(1, 1, 28, 28), args.export)
+    qat_seconds = time.perf_counter() - start
+    print(f"QAT: calibrated, fine-tuned and exported in {qat_seconds:.0f} s to {args.export}")
+
+    # Both measured now, side by side, so that they share the machine's current load.
+    ptq_measurement = study.objective.measure(best.params)
+    qat_measurement = measure_onnx(study, qat_onnx, qat_seconds)
+    print()
+    print(f"fp32       accuracy {study.objective.baseline():.4f}")
+    print(row("PTQ best", ptq_measurement, study))
+    print(row("QAT", qat_measurement, study))
+
+
+if __name__ == "__main__":
+    main()

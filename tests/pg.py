@@ -1,0 +1,96 @@
+"""A throwaway PostgreSQL server for the tests, started from Debian's binaries in a temp folder.
+
+The server listens on a free local port and runs as the ``postgres`` user when the tests run as
+root (``initdb`` refuses root). Tests that need it skip, with a reason, only when no PostgreSQL
+binaries are installed; any other failure to start it is an error. ``postgres_server`` serves
+the benchmarks too.
+
+Example (a test module):
+    >>> from pg import postgres_url  # noqa: F401   (the fixture)   # doctest: +SKIP
+    >>> def test_something(postgres_url): ...                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+import glob
+import os
+from pathlib import Path
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+
+import pytest
+
+DATABASE = "optuna_quant"
+USER = "quant"
+NO_BINARIES = "PostgreSQL binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
+
+
+def pg_bindir() -> Path | None:
+    """The newest ``/usr/lib/postgresql/<version>/bin``, or the folder of ``initdb`` on the PATH."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _runner() -> tuple[list[str], pwd.struct_passwd | None]:
+    if os.geteuid() != 0:
+        return [], None
+    try:
+        account = pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError("running as root and there is no 'postgres' user to run the server as") from None
+    return ["runuser", "-u", "postgres", "--"], account
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """Start a server in a temp folder; yield the URL of a fresh database; stop and remove it.
+
+    Raises:
+        RuntimeError: If no PostgreSQL binaries are installed, or root has no 'postgres' user.
+    """
+    bindir = pg_bindir()
+    if bindir is None:
+        raise RuntimeError(NO_BINARIES)
+    prefix, account = _runner()
+    folder = Path(tempfile.mkdtemp(prefix="optuna-quant-pg-"))
+    if account is not None:
+        os.chown(folder, account.pw_uid, account.pw_gid)
+    data, port = folder / "data", _free_port()
+
+    def run(*args: str) -> None:
+        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
+
+    try:
+        run(str(bindir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
+        try:
+            run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE)
+            yield f"postgresql+psycopg2://{USER}@127.0.0.1:{port}/{DATABASE}"
+        finally:
+            run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database, removed with its server after the module."""
+    if pg_bindir() is None:
+        pytest.skip(NO_BINARIES)
+    with postgres_server() as url:
+        yield url

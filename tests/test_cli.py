@@ -1,0 +1,200 @@
+"""The optuna-quant command on a real small model, real files and SQLite storages in tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optuna
+import pytest
+import yaml
+
+from optuna_quant.cli import main
+from optuna_quant.evaluate import Top1Accuracy
+
+FAST_BENCHMARK = {"warmup": 2, "blocks": 3, "min_seconds": 0.03}
+CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
+
+
+def write_project(
+    folder: Path, cnn: onnx.ModelProto, calib: list[np.ndarray], agreement: Top1Accuracy, **options: Any
+) -> Path:
+    """Write the tiny CNN, its data and a config with relative paths into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(cnn, str(folder / "tiny_cnn.onnx"))
+    np.save(folder / "calib.npy", np.concatenate(calib))
+    np.savez(folder / "eval.npz", inputs=agreement.inputs, labels=agreement.labels)
+    config = {
+        "model": "tiny_cnn.onnx",
+        "calibration_data": "calib.npy",
+        "eval_data": "eval.npz",
+        "max_trials": 3,
+        "accuracy_loss": 50.0,
+        "sampler": "random",
+        "seed": 0,
+        "storage": "sqlite:///study.db",
+        "study_name": "cli",
+        "benchmark": FAST_BENCHMARK,
+        **options,
+    }
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _load(folder: Path, name: str = "cli") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/study.db")
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, cnn, calib, agreement) -> Path:
+    """A config whose study holds three finished trials, run by the CLI."""
+    config = write_project(tmp_path_factory.mktemp("tuned"), cnn, calib, agreement)
+    assert main(["tune", str(config)]) == 0
+    return config
+
+
+def test_tune_end_to_end_from_another_directory(tmp_path, cnn, calib, agreement) -> None:
+    config = write_project(tmp_path / "project", cnn, calib, agreement, export="out/best.int8.onnx")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _run_cli("tune", str(config), cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert "Trial iteration start: 2 / 3" in done.stderr  # POT's log lines show the progress
+    assert "Best trial " in done.stdout and "Best configuration:" in done.stdout
+    exported = tmp_path / "project" / "out" / "best.int8.onnx"
+    ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    study = _load(tmp_path / "project")
+    assert len(study.trials) == 3
+    assert study.metric_names == ["loss"]
+    assert not list(elsewhere.iterdir())  # every relative path resolved against the config's folder
+
+
+def test_usage_errors_exit_2_with_one_line(tmp_path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("max_trails: 3\n")
+    done = _run_cli("tune", str(config), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert "run.yaml: unknown key 'max_trails'; did you mean 'max_trials'?" in done.stderr
+
+
+def test_argument_errors_exit_2_with_one_line(capsys) -> None:
+    for argv in (["tune"], ["train", "run.yaml"], ["dashboard", "--port", "eighty"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: " in err
+    assert main(["dashboard"]) == 2
+    assert "give CONFIG or --storage URL" in capsys.readouterr().err
+
+
+def test_options_missing_or_wrong_exit_2(tmp_path, cnn, calib, agreement, capsys) -> None:
+    config = write_project(tmp_path, cnn, calib, agreement, max_trials=None)
+    config.write_text(config.read_text().replace("max_trials: null\n", ""))
+    assert main(["tune", str(config)]) == 2
+    assert "give max_trials or max_minutes" in capsys.readouterr().err
+    bad_target = write_project(tmp_path, cnn, calib, agreement, accuracy_loss=150.0)
+    assert main(["tune", str(bad_target)]) == 2
+    assert "accuracy_loss is a percentage" in capsys.readouterr().err
+    bad_node = write_project(tmp_path, cnn, calib, agreement, nodes=["conv9"])
+    assert main(["tune", str(bad_node)]) == 2
+    assert "run.yaml: Node(s) ['conv9'] are not quantizable nodes" in capsys.readouterr().err
+
+
+def test_entry_points_from_the_config_folder(tmp_path, cnn, calib, agreement, capsys, monkeypatch) -> None:
+    config = write_project(
+        tmp_path, cnn, calib, agreement, max_trials=2, eval_data=None,
+        model="cli_entry_points:model", calibration_data="cli_entry_points:calibration",
+        eval_fn="cli_entry_points:evaluate", eval_subset_size=50,
+    )
+    config.write_text(config.read_text().replace("eval_data: null\n", ""))
+    (tmp_path / "cli_entry_points.py").write_text(
+        "import numpy as np\n"
+        "import onnx\n"
+        "from optuna_quant import Top1Accuracy\n"
+        "def model():\n"
+        "    return onnx.load('tiny_cnn.onnx')\n"
+        "def calibration():\n"
+        "    return list(np.load('calib.npy')[:, None])\n"
+        "with np.load('eval.npz') as data:\n"
+        "    evaluate = Top1Accuracy(data['inputs'], data['labels'])\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the entry points read their files relative to the working directory
+    assert main(["tune", "run.yaml"]) == 0
+    assert "Best trial " in capsys.readouterr().out
+    assert len(_load(tmp_path).trials) == 2
+
+
+def test_worker_joins_the_existing_study(tuned, tmp_path, cnn, calib, agreement, capsys) -> None:
+    folder = tmp_path / "worker"
+    config = write_project(folder, cnn, calib, agreement, max_trials=2)
+    assert main(["tune", str(config)]) == 0
+    first = [(t.number, t.params) for t in _load(folder).trials]
+    joining = write_project(folder, cnn, calib, agreement, max_trials=4)
+    assert main(["worker", str(joining)]) == 0
+    trials = _load(folder).trials
+    assert len(trials) == 4 and [(t.number, t.params) for t in trials[:2]] == first
+    assert sum(1 for t in trials if t.user_attrs.get("reference")) == 1  # the worker reused the scaling
+    capsys.readouterr()
+    other_targets = write_project(folder, cnn, calib, agreement, max_trials=6, accuracy_loss=10.0)
+    assert main(["worker", str(other_targets)]) == 2
+    assert "was made with another targets" in capsys.readouterr().err
+    missing = write_project(tmp_path / "none", cnn, calib, agreement)
+    assert main(["worker", str(missing)]) == 2
+    assert "no study 'cli' in sqlite:///" in capsys.readouterr().err
+
+
+def test_best_exports_the_stored_best_model(tuned, tmp_path, capsys) -> None:
+    out = tmp_path / "best.int8.onnx"
+    n_trials = len(_load(tuned.parent).trials)
+    assert main(["best", str(tuned), "--export", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Best trial " in printed and f"Exported the int8 model to {out}" in printed
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"input": np.zeros((1, 3, 12, 12), np.float32)})[0].shape == (1, 10)
+    assert len(_load(tuned.parent).trials) == n_trials  # eval runs no trial
+    assert main(["best", str(tuned)]) == 2
+    assert "give --export PATH" in capsys.readouterr().err
+
+
+def test_fine_tune_then_best_of_the_fine_tune_study(tuned, capsys) -> None:
+    fine = tuned.with_name("fine.yaml")
+    fine.write_text(
+        tuned.read_text()
+        + "trials_load_method: fine_tune\nscopes: [range_estimator]\nexport: fine.int8.onnx\n"
+    )
+    assert main(["tune", str(fine)]) == 0
+    study = _load(tuned.parent, "cli-fine_tune")
+    assert len(study.trials) == 3
+    assert all(set(t.params) == {"range_estimator"} for t in study.trials)
+    assert main(["best", str(fine)]) == 0
+    assert "Best trial " in capsys.readouterr().out
+    ort.InferenceSession(str(tuned.with_name("fine.int8.onnx")), providers=["CPUExecutionProvider"])
+    # A worker joins the fine-tune study, on its narrowed space.
+    fine.write_text(fine.read_text().replace("max_trials: 3", "max_trials: 4"))
+    assert main(["worker", str(fine)]) == 0
+    study = _load(tuned.parent, "cli-fine_tune")
+    assert len(study.trials) == 4 and set(study.trials[-1].params) == {"range_estimator"}
+
+
+def test_report_command(tuned, tmp_path, capsys) -> None:
+    out = tmp_path / "report.html"
+    assert main(["report", str(tuned), "--out", str(out)]) == 0
+    assert f"to {out}" in capsys.readouterr().out
+    text = out.read_text()
+    assert text.count('src="data:image/png;base64,') == 2 and "layer:conv1" in text

@@ -1,0 +1,121 @@
+"""optuna-dashboard, started by ``optuna-quant dashboard``, on a study that the CLI ran.
+
+The server is real (a subprocess on a free localhost port); the study is read back through the
+dashboard's HTTP API, and headless Chromium renders the study's page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import json
+import os
+from pathlib import Path
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import onnx
+import optuna
+import pytest
+
+from optuna_quant.cli import main
+from test_cli import write_project
+
+CHROMIUM = shutil.which("chromium")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get_json(url: str) -> dict:
+    with urlopen(url, timeout=30) as response:
+        return json.load(response)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cnn, calib, agreement) -> Path:
+    config = write_project(tmp_path_factory.mktemp("dashboard"), cnn, calib, agreement)
+    assert main(["tune", str(config)]) == 0
+    return config
+
+
+@pytest.fixture(scope="module")
+def dashboard(finished) -> Iterator[str]:
+    """The URL of the study's page, printed by ``optuna-quant dashboard`` once it serves."""
+    port = _free_port()
+    # Files, not pipes: the server logs every request and would block on a full pipe.
+    out, err = (finished.with_name(name).open("w") for name in ("dashboard.out", "dashboard.err"))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "optuna_quant.cli", "dashboard", str(finished), "--port", str(port)],
+        stdout=out, stderr=err, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get_json(f"http://127.0.0.1:{port}/api/studies")
+                break
+            except (URLError, ConnectionError):
+                log = finished.with_name("dashboard.err")
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        printed = finished.with_name("dashboard.out").read_text()
+        match = re.search(rf"http://127\.0\.0\.1:{port}/dashboard/studies/\d+", printed)
+        assert match, printed
+        yield match.group(0)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        out.close()
+        err.close()
+
+
+def test_api_serves_study_metric_names_and_user_attrs(finished, dashboard) -> None:
+    root, study_id = dashboard.split("/dashboard/studies/")
+    summaries = _get_json(f"{root}/api/studies")["study_summaries"]
+    assert [(s["study_id"], s["study_name"]) for s in summaries] == [(int(study_id), "cli")]
+    detail = _get_json(f"{root}/api/studies/{study_id}")
+    assert detail["name"] == "cli" and detail["directions"] == ["minimize"]
+    assert detail["objective_names"] == ["loss"]
+    stored = optuna.load_study(study_name="cli", storage=f"sqlite:///{finished.parent}/study.db").trials
+    assert len(detail["trials"]) == len(stored) == 3
+    for served, trial in zip(detail["trials"], stored):
+        attrs = {a["key"]: a["value"] for a in served["user_attrs"]}
+        assert attrs["acc_loss"] == str(trial.user_attrs["acc_loss"])
+        assert attrs["lat_diff"] == str(trial.user_attrs["lat_diff"])
+        assert served["state"] == "Complete" and served["values"] == [trial.value]
+    assert {"acc_loss", "lat_diff"} <= {a["key"] for a in detail["union_user_attrs"]}
+    # The stored best model is served from the study's artifact store.
+    (artifact,) = detail["artifacts"]
+    assert re.fullmatch(r"best-trial-\d+\.int8\.onnx", artifact["filename"])
+    with urlopen(f"{root}/artifacts/{study_id}/{artifact['artifact_id']}", timeout=30) as response:
+        onnx.load_model_from_string(response.read())
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")
+def test_chromium_renders_the_study_page(dashboard, tmp_path) -> None:
+    screenshot = tmp_path / "dashboard.png"
+    rendered = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900",
+            # The dashboard is a JS app: let it fetch the study and draw before the capture.
+            "--virtual-time-budget=10000", "--dump-dom", f"--screenshot={screenshot}", dashboard,
+        ],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    dom = rendered.stdout
+    study_id = dashboard.rsplit("/", 1)[1]
+    assert f"cli (id={study_id})" in dom  # the study's page, not the front page
+    assert ">History<" in dom and ">loss<" in dom  # the history plot, labelled with the metric name
+    assert screenshot.read_bytes().startswith(b"\x89PNG") and screenshot.stat().st_size > 20_000

@@ -1,0 +1,151 @@
+"""Several worker processes on one study in a real PostgreSQL server that the tests start.
+
+Each worker is a real OS process (``tests/worker_script.py``) running ``create_study(...,
+trials_load_method="warm_start")`` and ``optimize``; the tests read the study back from the
+database and check what every worker promised: the budget, the shared reference, no configuration
+measured twice, stop_on_target, and a killed worker's trial run again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+import os
+from pathlib import Path
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+import pytest
+
+from optuna_quant.budget import counted_trials
+from optuna_quant.objective import SCALING_KEY
+from optuna_quant.objective import WORKER_KEY
+from optuna_quant.stopping import target_reached
+from pg import postgres_url  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.postgres
+
+SCRIPT = Path(__file__).with_name("worker_script.py")
+TIMEOUT = 90
+
+
+def _start(url: str, study: str, n_trials: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), url, "--study", study, "--n-trials", str(n_trials), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
+
+
+def _finish(workers: list[subprocess.Popen[str]]) -> None:
+    for worker in workers:
+        output, _ = worker.communicate(timeout=TIMEOUT)
+        assert worker.returncode == 0, output[-3000:]
+
+
+def _trials(url: str, study: str) -> list[FrozenTrial]:
+    return optuna.load_study(study_name=study, storage=url).get_trials()
+
+
+def _wait_for(condition: Callable[[], FrozenTrial | None], what: str) -> FrozenTrial:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        found = condition()
+        if found is not None:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _running_trial_of(url: str, study: str, worker: subprocess.Popen[str]) -> Callable[[], FrozenTrial | None]:
+    name = f"{socket.gethostname()}:{worker.pid}"
+
+    def find() -> FrozenTrial | None:
+        try:
+            trials = _trials(url, study)
+        except KeyError:  # the study is not created yet
+            return None
+        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_KEY) == name]
+        return running[0] if running else None
+
+    return find
+
+
+def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
+    states = Counter(t.state for t in trials)
+    assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0, states
+    assert counted_trials(trials, running_counts=True) == n_trials
+    assert sum(1 for t in trials if t.user_attrs.get("reference")) == 1
+    measured = [
+        tuple(sorted(t.params.items()))
+        for t in trials
+        if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs
+    ]
+    assert len(measured) == len(set(measured)), "a configuration was measured twice"
+
+
+def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: str) -> None:
+    workers = [_start(postgres_url, "three", 15, "--seed", str(seed)) for seed in range(3)]
+    _finish(workers)
+    trials = _trials(postgres_url, "three")
+    assert len(trials) == 15
+    _assert_complete_study(trials, 15)
+    study = optuna.load_study(study_name="three", storage=postgres_url)
+    assert set(study.user_attrs[SCALING_KEY]) >= {"acc_scale", "lat_scale"}
+    measured_by = {t.user_attrs.get(WORKER_KEY) for t in trials if "duplicate_of" not in t.user_attrs}
+    assert len(measured_by) >= 2, "the workers did not share the study"
+
+
+def test_stop_on_target_stops_every_worker_within_one_trial(postgres_url: str) -> None:
+    # Every configuration meets these targets: the first trial to finish stops all three workers.
+    easy = ["--accuracy-loss", "50", "--latency-reduce", "0.05", "--stop-on-target", "--eval-sleep", "0.5"]
+    workers = [_start(postgres_url, "stop", 40, "--seed", str(seed), *easy) for seed in range(3)]
+    _finish(workers)
+    study = optuna.load_study(study_name="stop", storage=postgres_url)
+    first = target_reached(study)
+    assert first is not None
+    later = [t for t in study.trials if t.number > first]
+    assert len(later) <= 2, [(t.number, t.state) for t in later]  # the other two workers' running trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+
+
+def test_killed_worker_trial_is_failed_by_heartbeat_and_run_again(postgres_url: str) -> None:
+    workers = [_start(postgres_url, "kill", 12, "--seed", str(seed), "--eval-sleep", "0.4") for seed in range(3)]
+    victim = _wait_for(_running_trial_of(postgres_url, "kill", workers[0]), "a running trial of worker 0")
+    workers[0].send_signal(signal.SIGKILL)
+    workers[0].wait(timeout=TIMEOUT)
+    _finish(workers[1:])
+    trials = _trials(postgres_url, "kill")
+    killed = trials[victim.number]
+    assert killed.state == TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == killed.params
+    _assert_complete_study(trials, 12)
+
+
+def test_warm_start_after_an_interrupted_run_keeps_every_trial(postgres_url: str) -> None:
+    first = _start(postgres_url, "resume", 8, "--eval-sleep", "0.3")
+    find = _running_trial_of(postgres_url, "resume", first)
+
+    def third_running() -> FrozenTrial | None:
+        running = find()
+        return running if running is not None and running.number >= 3 else None
+
+    victim = _wait_for(third_running, "the fourth trial of the first run")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=TIMEOUT)
+    before = [(t.number, t.params, t.state) for t in _trials(postgres_url, "resume") if t.number < victim.number]
+    _finish([_start(postgres_url, "resume", 8)])
+    trials = _trials(postgres_url, "resume")
+    assert [(t.number, t.params, t.state) for t in trials[: len(before)]] == before
+    assert trials[victim.number].state == TrialState.FAIL
+    _assert_complete_study(trials, 8)

@@ -1,0 +1,42 @@
+"""The HTML report of a real study: self-contained, with both figures and the best configuration."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import optuna
+import pytest
+
+import optuna_quant as oq
+from optuna_quant.report import render_report
+from optuna_quant.report import write_report
+
+
+@pytest.mark.parametrize("objective_mode", ["loss", "pareto"])
+def test_report_embeds_figures_and_best_config(
+    tmp_path, cnn_path, calib, agreement, fast_bench, objective_mode
+) -> None:
+    study = oq.create_study(
+        cnn_path, calib, agreement, storage=f"sqlite:///{tmp_path}/study.db", benchmark=fast_bench,
+        sampler="random", seed=0, accuracy_loss=50.0, latency_reduce=1.2, study_name="report",
+        objective_mode=objective_mode,
+    )
+    best = study.optimize(n_trials=3)
+    path = write_report(study.study, tmp_path / "out" / "report.html")
+    text = path.read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == 2
+    assert all(base64.b64decode(image).startswith(b"\x89PNG") for image in images)
+    assert not re.search(r'(src|href)="https?:', text)  # nothing to fetch: it opens offline
+    assert f"Best configuration (trial {best.number})" in text
+    for name, value in best.params.items():
+        assert f"<td>{name}</td><td>{value}</td>" in text
+    assert best.summary() in text
+    assert "acc_loss &lt;= 0.5000" in text and "lat_diff &gt;= 1.2000" in text
+
+
+def test_report_of_a_study_without_trials(tmp_path) -> None:
+    study = optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path}/empty.db")
+    with pytest.raises(ValueError, match="Study 'empty' has no recorded trial yet"):
+        render_report(study)
