@@ -14,6 +14,9 @@ takes ``seed`` and returns a sampler).
 Example:
     .venv/bin/python -m benchmarks.bench_samplers --seeds 20 --budget 100 --jobs 1
 
+Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
+table with ``--from-results a.json b.json``.
+
 Metrics per sampler and table, over the seeds:
 
 - trials-to-target: 1-based index of the first trial that meets both targets, ``budget + 1`` if

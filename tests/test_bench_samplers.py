@@ -144,8 +144,8 @@ def test_runs_merge_into_one_report(tmp_path: Path) -> None:
     common = ["--tables", "synthetic_interactions", "--budget", "10", "--plots-dir", str(tmp_path)]
     for sampler, seeds in (("random", "2"), ("optuna-tpe", "1")):
         main([*common, "--samplers", sampler, "--seeds", seeds, "--out", str(tmp_path / f"{sampler}.json")])
-    merged = main([*common, "--from-results", str(tmp_path / "random.json"), str(tmp_path / "optuna-tpe.json"),
-                   "--out", str(tmp_path / "merged.json")])
+    runs = [str(tmp_path / "random.json"), str(tmp_path / "optuna-tpe.json")]
+    merged = main([*common, "--from-results", *runs, "--out", str(tmp_path / "merged.json")])
     samplers = merged["tables"]["synthetic_interactions"]["samplers"]
     assert {name: r["seeds"] for name, r in samplers.items()} == {"random": 2, "optuna-tpe": 1}
     assert len(merged["commands"]) == 2

@@ -41,8 +41,7 @@ __all__ = [
 # A zero range (an all-zero weight channel, a dead activation) would give a zero scale, which
 # neither torch's fake quantization nor ONNX QuantizeLinear accepts.
 _MIN_AMAX = 1e-12
-
-
+# The quantizer settings kept in the state dict next to ``amax``.
 _SAVED_SETTINGS = ("num_bits", "unsigned", "narrow_range", "axis")
 
 
@@ -225,10 +224,10 @@ class TensorQuantizer(nn.Module):
     def _record(self, x: torch.Tensor) -> None:
         with torch.no_grad():
             if self.axis is None:
-                amax = x.detach().abs().amax()
+                amax = x.abs().amax()
             else:
                 dims = [d for d in range(x.dim()) if d != self.axis % x.dim()]
-                amax = x.detach().abs().amax(dim=dims)
+                amax = x.abs().amax(dim=dims)
             amax = amax.float()
             self._calib_negative = self._calib_negative or bool((x < 0).any())
             if self._calib_amax is not None:
