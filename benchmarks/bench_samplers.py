@@ -475,10 +475,7 @@ def merge_reports(paths: Sequence[Path]) -> dict[str, Any]:
         merged["commands"] += report["commands"]
         merged["skipped"].update(report["skipped"])
         for name, entry in report["tables"].items():
-            samplers = merged["tables"].setdefault(name, {**entry, "samplers": {}})["samplers"]
-            samplers.update(
-                {sampler: {**r, "seeds": len(report["seeds"])} for sampler, r in entry["samplers"].items()}
-            )
+            merged["tables"].setdefault(name, {**entry, "samplers": {}})["samplers"].update(entry["samplers"])
     return merged
 
 

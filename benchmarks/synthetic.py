@@ -13,8 +13,8 @@ one that does not:
 
 By POT's best-result rule the optimum is unique: conv2d_2 and conv2d_3 in fp32, ``per_tensor``,
 ``symmetric`` (the highest ``lat_diff`` within the accuracy target), and ``percentile_99.99`` (the
-lowest ``acc_loss`` of the four calibrations that tie on it). Run ``.venv/bin/python -m benchmarks.synthetic`` to rewrite
-``benchmarks/tables/synthetic_interactions.json``.
+lowest ``acc_loss`` of the four calibrations that tie on it). Run
+``.venv/bin/python -m benchmarks.synthetic`` to rewrite ``benchmarks/tables/synthetic_interactions.json``.
 """
 
 from __future__ import annotations

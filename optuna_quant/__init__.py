@@ -7,6 +7,8 @@ from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.loss import Targets
 from optuna_quant.objective import QuantizationObjective
 from optuna_quant.results import BestResult
+from optuna_quant.samplers import DiscreteGPSampler
+from optuna_quant.samplers import TPESampler
 from optuna_quant.space import QuantConfig
 from optuna_quant.space import SearchSpace
 from optuna_quant.study import create_study
@@ -15,10 +17,12 @@ from optuna_quant.study import QuantStudy
 __all__ = [
     "BenchmarkSettings",
     "BestResult",
+    "DiscreteGPSampler",
     "QuantConfig",
     "QuantStudy",
     "QuantizationObjective",
     "SearchSpace",
+    "TPESampler",
     "Targets",
     "Top1Accuracy",
     "create_study",

@@ -58,7 +58,10 @@ def sensitise_dwsep(model: DepthwiseSeparableNet, generator: torch.Generator, sp
 
 def natural(model: nn.Module, generator: torch.Generator) -> str:
     """Nothing added: the trained model is sensitive enough as it is."""
-    return "none added; the trained model as is (its activations have outliers: MinMax calibration loses accuracy, percentiles recover it)"
+    return (
+        "none added; the trained model as is (its activations have outliers: MinMax calibration "
+        "loses accuracy, percentiles recover it)"
+    )
 
 
 def sensitise_mlp(model: MLP, generator: torch.Generator, n_outliers: int = 3, factor: float = 40.0) -> str:

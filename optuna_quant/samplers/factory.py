@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import optuna
 
+from optuna_quant.samplers.bayesian import DiscreteGPSampler
+from optuna_quant.samplers.tpe import TPESampler
+
 SAMPLER_NAMES = ("tpe", "gp", "random")
 
 
@@ -23,12 +26,8 @@ def make_sampler(sampler: str | optuna.samplers.BaseSampler, seed: int | None = 
     if not isinstance(sampler, str):
         raise TypeError(f"sampler must be a name {SAMPLER_NAMES} or an Optuna sampler, got {sampler!r}.")
     if sampler == "tpe":
-        from optuna_quant.samplers.tpe import TPESampler
-
         return TPESampler(seed=seed)
     if sampler == "gp":
-        from optuna_quant.samplers.bayesian import DiscreteGPSampler
-
         return DiscreteGPSampler(seed=seed)
     if sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
