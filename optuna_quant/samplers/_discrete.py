@@ -151,6 +151,19 @@ def _key(value: Any) -> Any:
     return value
 
 
+def constraint_matrix(rows: Sequence[Mapping[str, float]]) -> np.ndarray | None:
+    """Constraint values as an ``(n, k)`` array over every key seen, or ``None`` when none was.
+
+    A trial without a constraint that others carry counts as infinitely violating it.
+    """
+    keys = sorted({key for row in rows for key in row})
+    if not keys:
+        return None
+    return np.array([[row.get(key, math.inf) for key in keys] for row in rows], dtype=float).reshape(
+        len(rows), len(keys)
+    )
+
+
 @dataclass
 class History:
     """What a sampler knows of a study on a :class:`DiscreteSpace`.
@@ -217,16 +230,10 @@ class History:
                 seen.add(config)
             elif trial.state in (TrialState.FAIL, TrialState.PRUNED):
                 seen.add(config)
-        keys = sorted({key for row in constraint_rows for key in row})
-        constraints = None
-        if keys:
-            constraints = np.array(
-                [[row.get(key, math.inf) for key in keys] for row in constraint_rows], dtype=float
-            ).reshape(len(constraint_rows), len(keys))
         return cls(
             configs=np.array(configs, dtype=np.int64).reshape(-1, space.dim),
             values=np.array(values, dtype=float),
-            constraints=constraints,
+            constraints=constraint_matrix(constraint_rows),
             running=np.array(running, dtype=np.int64).reshape(-1, space.dim),
             seen=seen,
         )

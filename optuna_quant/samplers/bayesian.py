@@ -738,7 +738,10 @@ class DiscreteGPSampler(BaseSampler):
       parallel workers sharing a storage do not evaluate the same configuration.
 
     Parameters outside the shared search space are sampled at random. Failed and pruned trials are
-    not modelled (their outcome says little about the value) but are never repeated.
+    not modelled (their outcome says little about the value) but are never repeated. The search
+    space is known once any trial has recorded its parameters; workers that start their first
+    trials together before that sample them independently and may coincide (optuna-quant's
+    studies evaluate the default configuration first, which settles it).
 
     Example:
         >>> import optuna

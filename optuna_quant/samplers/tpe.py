@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_quant.samplers._discrete import Config
+from optuna_quant.samplers._discrete import constraint_matrix
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._parzen import CategoricalDim
@@ -520,16 +521,10 @@ def _continuous_history(
             constraint_rows.append(dict(trial.constraints))
         elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
             running.append(x)
-    keys = sorted({key for row in constraint_rows for key in row})
-    constraints = None
-    if keys:
-        constraints = np.array(
-            [[row.get(key, math.inf) for key in keys] for row in constraint_rows], dtype=float
-        ).reshape(len(constraint_rows), len(keys))
     return History(
         configs=np.array(configs, dtype=float).reshape(-1, len(names)),
         values=np.array(values, dtype=float),
-        constraints=constraints,
+        constraints=constraint_matrix(constraint_rows),
         running=np.array(running, dtype=float).reshape(-1, len(names)),
         seen=set(),
     )
