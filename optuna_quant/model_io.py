@@ -127,6 +127,17 @@ def _check_feed(
 
 
 def batch_of(feeds: Sequence[Feed], size: int) -> Feed:
-    """The first ``size`` samples of ``feeds`` concatenated along the batch axis."""
-    chosen = list(feeds[:size])
-    return {name: np.concatenate([f[name] for f in chosen]) for name in chosen[0]}
+    """The first ``size`` samples of ``feeds`` (however they are batched) as one batch.
+
+    Example:
+        >>> feeds = [{"x": np.zeros((4, 2))}, {"x": np.ones((4, 2))}]
+        >>> batch_of(feeds, 1)["x"].shape, float(batch_of(feeds, 6)["x"].sum())
+        ((1, 2), 4.0)
+    """
+    chosen, n = [], 0
+    for feed in feeds:
+        if n >= size:
+            break
+        chosen.append(feed)
+        n += len(next(iter(feed.values())))
+    return {name: np.concatenate([f[name] for f in chosen])[:size] for name in chosen[0]}

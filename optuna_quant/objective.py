@@ -180,7 +180,7 @@ class QuantizationObjective:
         self.wait_timeout = wait_timeout
         self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         feeds = to_feeds(calibration_data, self.model)
-        if len(feeds) * len(next(iter(feeds[0].values()))) < self.benchmark.batch_size:
+        if sum(len(next(iter(f.values()))) for f in feeds) < self.benchmark.batch_size:
             raise ValueError(
                 f"benchmark.batch_size is {self.benchmark.batch_size} but calibration_data holds "
                 "fewer samples."

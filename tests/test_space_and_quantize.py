@@ -109,3 +109,12 @@ def test_quantizing_does_not_change_cached_ranges(quantizer) -> None:
     quantizer.quantize(QuantConfig(symmetric=True))
     quantizer.quantize(QuantConfig(symmetric=False))
     assert float(np.asarray(quantizer.ranges("minmax")["r1"].range_value[1]).reshape(-1)[0]) == before
+
+
+def test_latency_batch_counts_samples_not_feeds(cnn, calib) -> None:
+    from optuna_quant.model_io import batch_of
+
+    batched = to_feeds([np.concatenate(calib[:8]), np.concatenate(calib[8:])], load_model(cnn))
+    assert batch_of(batched, 1)["input"].shape == (1, 3, 12, 12)
+    assert batch_of(batched, 10)["input"].shape == (10, 3, 12, 12)
+    np.testing.assert_array_equal(batch_of(batched, 10)["input"][9], calib[9][0])

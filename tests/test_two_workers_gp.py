@@ -8,6 +8,9 @@ import sys
 import textwrap
 
 import optuna
+import pytest
+
+pytestmark = pytest.mark.slow  # two interpreters and 37 trials: about 20 s
 
 WORKER = textwrap.dedent(
     """

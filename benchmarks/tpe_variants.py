@@ -1,0 +1,25 @@
+"""Variants of optuna-quant's TPE used only by the TPE section of ``docs/benchmarks.md``.
+
+Name them as ``--sampler benchmarks.tpe_variants:indep`` in ``benchmarks/bench_samplers.py``.
+"""
+
+from __future__ import annotations
+
+from optuna_quant.samplers.tpe import TPESampler
+
+
+def indep(seed: int) -> TPESampler:
+    """The default settings with one independent model per parameter."""
+    return TPESampler(seed=seed, multivariate=False)
+
+
+class _Repeats(TPESampler):
+    def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
+        return self._sample(study, search_space, never_repeat=False) if search_space else {}
+
+
+def potrep(seed: int) -> TPESampler:
+    """The POT preset without the never-repeat rule: how faithful the port is to hyperopt."""
+    sampler = TPESampler.pot(seed=seed)
+    sampler.__class__ = _Repeats
+    return sampler
