@@ -144,6 +144,8 @@ def _run(config: RunConfig, study: QuantStudy) -> int:
         print("No trial completed; see the log above.", file=sys.stderr)
         return 1
     _print_best(best)
+    if study.node_modules:
+        print(f"Layers kept in fp32: {', '.join(study.fallback_modules()) or 'none'}")
     if config.get("export"):
         _export(study, config.get("export"))
     return 0

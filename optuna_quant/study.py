@@ -61,6 +61,8 @@ _logger = logging.getLogger("optuna_quant")
 
 TRIALS_LOAD_METHODS = ("cold_start", "warm_start", "fine_tune", "eval")
 FINE_TUNE_SUFFIX = "-fine_tune"
+# Node -> torch module name, so that a user can tell which layer stayed in fp32.
+MODULES_KEY = "module_of_node"
 DIRECTIONS = {"loss": ["minimize"], "pareto": ["minimize", "maximize"]}
 METRIC_NAMES = {"loss": ["loss"], "pareto": ["acc_loss", "lat_diff"]}
 IDLE_SECONDS = 1.0
@@ -187,6 +189,22 @@ class QuantStudy:
         trial = best_trial(self.study.get_trials(deepcopy=False), self.targets)
         return None if trial is None else BestResult.from_trial(trial, self.targets)
 
+    @property
+    def node_modules(self) -> dict[str, str]:
+        """For a study of a ``torch.nn.Module``: the module name of each tunable ONNX node."""
+        return dict(self.study.user_attrs.get(MODULES_KEY, {}))
+
+    def fallback_modules(self) -> list[str]:
+        """The layers that the best trial keeps in fp32, by module name where one is known."""
+        best = self.best_result
+        if best is None:
+            return []
+        names = self.node_modules
+        return [
+            names.get(node, node)
+            for node in sorted(self.objective.space.to_config(best.params).fallback)
+        ]
+
     def best_model(self) -> onnx.ModelProto:
         """The int8 model of the best trial, rebuilt from cached calibration.
 
@@ -301,10 +319,11 @@ def create_study(
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
     storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    node_modules: dict[str, str] = {}
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.torch_export import export_module
 
-        model, _ = export_module(model, example_inputs)
+        model, node_modules = export_module(model, example_inputs)
     scopes = tuple(scopes)
 
     space = None
@@ -357,6 +376,8 @@ def create_study(
             f"Study {name!r} has {len(study.directions)} objective(s), not {objective_mode!r} mode's "
             f"{len(DIRECTIONS[objective_mode])}; use another study name or cold_start."
         )
+    if node_modules:
+        study.set_user_attr(MODULES_KEY, node_modules)
     if study.metric_names is None:
         with optuna_warnings_off():
             study.set_metric_names(METRIC_NAMES[objective_mode])
