@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, value in sorted(best.params.items()):
         print(f"  {name:22s} {value}")
     print(f"Exported the int8 model to {Path(args.export).resolve()}")
-    print("Watch the study in optuna-dashboard:")
-    print(f"  .venv/bin/optuna-dashboard {args.storage}    # then open http://127.0.0.1:8080")
+    print("Open the study in optuna-dashboard (then browse http://127.0.0.1:8080):")
+    print(f"  .venv/bin/optuna-dashboard {args.storage}")
+    print(f"  .venv/bin/optuna-quant dashboard --storage {args.storage}    # also offers the best model")
 
 
 if __name__ == "__main__":

@@ -213,8 +213,6 @@ def _report(args: argparse.Namespace) -> int:
         path = write_report(study, args.out)
     except ValueError as err:
         raise UsageError(f"{config.path}: {err}") from err
-    except ImportError as err:
-        raise UsageError(f"the report draws with matplotlib: pip install matplotlib ({err})") from err
     print(f"Wrote the report of study {study.study_name!r} to {path}")
     return 0
 
