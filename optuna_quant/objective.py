@@ -22,9 +22,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 import hashlib
 import logging
-import os
-import socket
-import threading
 import time
 from typing import Any
 
@@ -34,6 +31,10 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_quant.claims import ClaimWatch
+from optuna_quant.claims import KeepClaim
+from optuna_quant.claims import REFERENCE_CLAIM_KEY
+from optuna_quant.claims import WORKER
 from optuna_quant.evaluate import accepts_subset_size
 from optuna_quant.evaluate import checked_score
 from optuna_quant.evaluate import EvalFn
@@ -64,13 +65,8 @@ SCALING_KEY = "loss_scaling"
 SPACE_KEY = "search_space"
 TARGETS_KEY = "targets"
 MODEL_KEY = "model_sha256"
-REFERENCE_CLAIM_KEY = "reference_claim"
 WORKER_KEY = "worker"
 OBJECTIVE_MODES = ("loss", "pareto")
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
-POLL_SECONDS = 0.2
-CLAIM_REFRESH_SECONDS = 5.0
-CLAIM_STALE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -250,7 +246,7 @@ class QuantizationObjective:
         The first worker claims the reference configuration (the space's default) under the
         study lock, measures it, records it as a trial and stores the scaling; a worker that
         starts meanwhile waits for that scaling rather than measuring a second one. A claim whose
-        worker stopped refreshing it for ``CLAIM_STALE_SECONDS`` is taken over.
+        worker stopped refreshing it for ``claims.CLAIM_STALE_SECONDS`` is taken over.
 
         Raises:
             ValueError: If the study was made for another model, space or targets.
@@ -263,7 +259,7 @@ class QuantizationObjective:
             SPACE_KEY: self.space.to_dict(),
             TARGETS_KEY: self.targets.to_dict(),
         }
-        watch = _ClaimWatch(self.wait_timeout)
+        watch = ClaimWatch(self.wait_timeout)
         while True:
             with self.lock():
                 attrs = study.user_attrs
@@ -284,7 +280,7 @@ class QuantizationObjective:
                     study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": 0})
                     break
             watch.wait(f"the reference trial of worker {claim['worker']}")
-        with _KeepClaim(study):
+        with KeepClaim(study):
             self._measure_reference(study)
 
     def _measure_reference(self, study: optuna.Study) -> None:
@@ -372,7 +368,7 @@ class QuantizationObjective:
         A configuration that another running trial is measuring is waited for, so that no two
         workers measure it twice; if that trial fails or its worker dies, this one measures it.
         """
-        watch = _ClaimWatch(self.wait_timeout)
+        watch = ClaimWatch(self.wait_timeout)
         while True:
             with self.lock():
                 measuring = None
@@ -415,66 +411,3 @@ class QuantizationObjective:
                 best.user_attrs["acc_loss"],
                 best.user_attrs["lat_diff"],
             )
-
-
-class _ClaimWatch:
-    """Waits on a claim of another worker, and tells when that worker stopped refreshing it."""
-
-    def __init__(self, timeout: float) -> None:
-        self.deadline = time.monotonic() + timeout
-        self.timeout = timeout
-        self.seen: object = None
-        self.since = time.monotonic()
-
-    def abandoned(self, claim: dict[str, Any] | None) -> bool:
-        """Whether ``claim`` is absent, this machine's and dead, or unchanged for ``CLAIM_STALE_SECONDS``."""
-        if claim is None or _dead_here(claim["worker"]):
-            return True
-        # Clocks of two machines differ: a claim is judged by whether it changes, seen from here.
-        if claim != self.seen:
-            self.seen, self.since = claim, time.monotonic()
-        return time.monotonic() - self.since > CLAIM_STALE_SECONDS
-
-    def wait(self, what: str) -> None:
-        """Sleep a little, or raise once the timeout is spent."""
-        if time.monotonic() > self.deadline:
-            raise TimeoutError(f"Waited {self.timeout:.0f} s for {what}; is that worker stuck?")
-        time.sleep(POLL_SECONDS)
-
-
-def _dead_here(worker: str) -> bool:
-    """Whether ``worker`` ("host:pid") is this process, or a process of this machine that is gone."""
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname():
-        return False
-    if worker == WORKER:
-        return True  # an earlier call of this process failed while measuring
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
-
-
-class _KeepClaim:
-    """Refreshes this worker's reference claim while it measures, so others see it is alive."""
-
-    def __init__(self, study: optuna.Study) -> None:
-        self.study = study
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._refresh, daemon=True)
-
-    def __enter__(self) -> None:
-        self.thread.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _refresh(self) -> None:
-        beat = 0
-        while not self.stop.wait(CLAIM_REFRESH_SECONDS):
-            beat += 1
-            self.study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": beat})

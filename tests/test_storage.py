@@ -17,7 +17,7 @@ from optuna_quant.artifacts import model_filename
 from optuna_quant.budget import counted_trials
 from optuna_quant.budget import reserve_trial
 from optuna_quant.objective import FP32_ACCURACY_KEY
-from optuna_quant.objective import REFERENCE_CLAIM_KEY
+from optuna_quant.claims import REFERENCE_CLAIM_KEY
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import heartbeat_interval
