@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     study.export_best(args.export)
 
     print()
-    print("Best configuration:")
-    for name, value in sorted(best.params.items()):
-        print(f"  {name:22s} {value}")
+    print(best.configuration())
     print(f"Exported the int8 model to {Path(args.export).resolve()}")
     print("Open the study in optuna-dashboard (then browse http://127.0.0.1:8080):")
     print(f"  .venv/bin/optuna-dashboard {args.storage}")

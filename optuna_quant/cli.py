@@ -219,9 +219,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _print_best(best: BestResult) -> None:
     print(best.summary())
-    print("Best configuration:")
-    for name, value in sorted(best.params.items()):
-        print(f"  {name:24s} {value}")
+    print(best.configuration())
 
 
 def _export(study: QuantStudy, path: str) -> None:

@@ -79,6 +79,12 @@ class BestResult:
             missed=tuple(targets.missed(acc_loss, lat_diff)),
         )
 
+    def configuration(self) -> str:
+        """The best configuration, one parameter a line, as the CLI and the demo print it."""
+        lines = ["Best configuration:"]
+        lines += [f"  {name:24s} {value}" for name, value in sorted(self.params.items())]
+        return "\n".join(lines)
+
     def summary(self) -> str:
         """One line in POT's terms, saying which target was missed, if any."""
         verdict = {

@@ -53,7 +53,9 @@ class StopOnTarget:
         self.targets = targets
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if target_reached(study) is None and meets_targets(trial, self.targets):
+        reached = target_reached(study)
+        if reached is None and meets_targets(trial, self.targets):
             study.set_user_attr(TARGET_REACHED_KEY, trial.number)
-        if target_reached(study) is not None:
+            reached = trial.number
+        if reached is not None:
             study.stop()

@@ -46,7 +46,6 @@ from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import StopOnTarget
 from optuna_quant.stopping import target_reached
-from optuna_quant.storage import DEFAULT_STORAGE  # noqa: F401  (the CLI's default, kept importable here)
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import describe
 from optuna_quant.storage import GRACE_PERIOD
@@ -150,7 +149,7 @@ class QuantStudy:
         if best is not None:
             _logger.info(best.summary())
             if self.run_trials:
-                upload_model(self.study, self.artifact_dir, self.lock, best.number, self.best_model)
+                upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: self._model_of(best))
         return best
 
     def _run(self, n_trials: int | None, timeout: float | None, callbacks: list[Any], progress: bool) -> None:
@@ -162,7 +161,8 @@ class QuantStudy:
             while not self._finished(deadline):
                 if reserve_trial(self.study, self.storage, n_trials, self.lock, running_counts=heartbeat):
                     self.study.optimize(self.objective, n_trials=1, catch=(Exception,), callbacks=callbacks)
-                    bar.update(counted_trials(self.study.get_trials(deepcopy=False), heartbeat) - bar.n)
+                    if progress:  # counting reads every trial: only for a bar that shows it
+                        bar.update(counted_trials(self.study.get_trials(deepcopy=False), heartbeat) - bar.n)
                     # A callback's study.stop() ends only Optuna's one-trial loop; honour it here.
                     if self.study._stop_flag:
                         return
@@ -211,9 +211,15 @@ class QuantStudy:
         Raises:
             RuntimeError: If no trial has completed.
         """
+        return self._model_of(self._require_best())
+
+    def _require_best(self) -> BestResult:
         best = self.best_result
         if best is None:
             raise RuntimeError(f"Study {self.study.study_name!r} has no completed trial to export.")
+        return best
+
+    def _model_of(self, best: BestResult) -> onnx.ModelProto:
         return self.objective.quantizer.quantize(self.objective.space.to_config(best.params))
 
     def export_best(self, path: str | Path) -> BestResult:
@@ -221,12 +227,11 @@ class QuantStudy:
 
         The model is also stored as an artifact of the study (see :mod:`optuna_quant.artifacts`).
         """
-        model = self.best_model()
+        best = self._require_best()
+        model = self._model_of(best)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))
-        best = self.best_result
-        assert best is not None  # best_model() raised otherwise
         upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
             _logger.warning("Exported the best model, which misses the %s target.", " and ".join(best.missed))

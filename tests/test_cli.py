@@ -140,7 +140,7 @@ def test_entry_points_from_the_config_folder(tmp_path, cnn, calib, agreement, ca
     assert len(_load(tmp_path).trials) == 2
 
 
-def test_worker_joins_the_existing_study(tuned, tmp_path, cnn, calib, agreement, capsys) -> None:
+def test_worker_joins_the_existing_study(tmp_path, cnn, calib, agreement, capsys) -> None:
     folder = tmp_path / "worker"
     config = write_project(folder, cnn, calib, agreement, max_trials=2)
     assert main(["tune", str(config)]) == 0
