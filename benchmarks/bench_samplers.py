@@ -65,10 +65,9 @@ BASELINES = {
     "optuna-gp": "optuna.samplers:GPSampler",
     HYPEROPT_TPE: HYPEROPT_TPE,
 }
-# optuna-quant's samplers, under the package's public name or, until it re-exports them, their module's.
 PEERS = {
-    "oq-gp": ("optuna_quant.samplers:DiscreteGPSampler", "optuna_quant.samplers.bayesian:DiscreteGPSampler"),
-    "oq-tpe": ("optuna_quant.samplers:TPESampler", "optuna_quant.samplers.tpe:TPESampler"),
+    "oq-gp": "optuna_quant.samplers:DiscreteGPSampler",
+    "oq-tpe": "optuna_quant.samplers:TPESampler",
 }
 # POT's hyperopt settings (DESIGN.md section 8); n_EI_candidates and prior_weight depend on the space.
 POT_N_STARTUP_JOBS = 10
@@ -384,40 +383,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def first_importable(specs: Sequence[str]) -> str:
-    """The first of ``specs`` that resolves.
-
-    Raises:
-        ImportError: With every spec's error, if none resolves.
-    """
-    errors = []
-    for spec in specs:
-        try:
-            resolve(spec)
-            return spec
-        except (ImportError, AttributeError) as error:
-            errors.append(f"{spec}: {error}")
-    raise ImportError("; ".join(errors))
-
-
 def choose_samplers(names: Sequence[str] | None, extra: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
     """The samplers to run, ``{name: spec}``, and the skipped ones with the reason."""
-    candidates: dict[str, tuple[str, ...]] = {name: (spec,) for name, spec in BASELINES.items()}
-    candidates.update(PEERS)
+    candidates = {**BASELINES, **PEERS}
     unknown = sorted(set(names or ()) - set(candidates))
     if unknown:
         raise SystemExit(f"Unknown samplers {unknown}; known: {sorted(candidates)} (or --sampler module:callable).")
     candidates = {name: candidates[name] for name in (names or candidates)}
-    candidates.update({spec: (spec,) for spec in extra})
+    candidates.update({spec: spec for spec in extra})
     chosen, skipped = {}, {}
-    for name, specs in candidates.items():
-        if specs == (HYPEROPT_TPE,):
-            chosen[name] = HYPEROPT_TPE
-            continue
+    for name, spec in candidates.items():
         try:
-            chosen[name] = first_importable(specs)
-        except ImportError as error:
-            skipped[name] = f"not importable: {error}"
+            if spec != HYPEROPT_TPE:
+                resolve(spec)
+            chosen[name] = spec
+        except (ImportError, AttributeError) as error:
+            skipped[name] = f"not importable: {spec}: {error}"
     return chosen, skipped
 
 
