@@ -56,12 +56,12 @@ def test_target_space_rejects_duplicates() -> None:
 
 def test_target_space_appends_are_amortised() -> None:
     space = TargetSpace({f"x{i}": (0, 2) for i in range(13)})
-    buffers = set()
+    capacities = set()
     for i, config in enumerate(itertools.product(range(2), repeat=13)):
         space.register(np.array(config), float(i))
-        buffers.add(id(space._params))
+        capacities.add(len(space._params))
     # Doubling capacity: a logarithmic number of reallocations, not one per append.
-    assert len(space) == 2**13 and len(buffers) <= 14
+    assert len(space) == 2**13 and len(capacities) <= 14
     assert space.target[-1] == 2**13 - 1 and space.max()["target"] == 2**13 - 1
 
 
@@ -265,6 +265,7 @@ def test_sampler_exhausts_a_tiny_space_without_repeats() -> None:
     assert len(set(configs)) == 24  # each of the 3 * 4 * 2 configurations exactly once
     study.optimize(objective, n_trials=2)  # an exhausted space repeats instead of failing
     assert len(study.trials) == 26
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials[24:])
 
 
 def test_sampler_skips_failed_pruned_and_running_configurations() -> None:

@@ -21,7 +21,7 @@ from optuna_quant.samplers.tpe import TPESampler
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 MODES = {
-    "independent": dict(n_startup_trials=3),
+    "independent": dict(n_startup_trials=3, multivariate=False),
     "multivariate": dict(n_startup_trials=3, multivariate=True),
 }
 
@@ -131,6 +131,7 @@ def test_tiny_space_is_exhausted_each_configuration_once(mode: str) -> None:
     assert len({config(t) for t in study.trials}) == 24
     study.optimize(tiny_objective, n_trials=2)  # nothing unseen is left: repeats are allowed
     assert len(study.trials) == 26
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials[24:])
 
 
 def test_failed_trials_are_not_proposed_again() -> None:

@@ -204,9 +204,7 @@ class TPESampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        if param_distribution.single():
-            return _single_value(param_distribution)
-        # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
+        # Optuna never asks a sampler for a single-valued parameter. Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
         return self._sample(study, {param_name: param_distribution}, never_repeat=False)[param_name]
 
@@ -449,11 +447,6 @@ def _is_finite(distribution: BaseDistribution) -> bool:
     n_values = (distribution.high - distribution.low) // step + 1  # type: ignore[attr-defined]
     return n_values <= _MAX_LISTED_VALUES
 
-
-def _single_value(distribution: BaseDistribution) -> Any:
-    if isinstance(distribution, CategoricalDistribution):
-        return distribution.choices[0]
-    return distribution.low  # type: ignore[attr-defined]
 
 
 def _min_choices(dims: Sequence[Dim]) -> int | None:
