@@ -33,8 +33,8 @@ test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_trial_cost.py
-	$(BIN)/python benchmarks/bench_latency.py
+	$(BIN)/python -m benchmarks.bench_trial_cost
+	$(BIN)/python -m benchmarks.bench_latency
 
 clean:
 	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.demo_model import build_demo_model  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402

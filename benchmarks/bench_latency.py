@@ -7,7 +7,7 @@ shown as context only (they drift with the machine's load, the ratio should not)
 
 Run::
 
-    python benchmarks/bench_latency.py [--repeats 10]
+    python -m benchmarks.bench_latency [--repeats 10]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 
-from _demo_setup import demo_objective
+from benchmarks._demo_setup import demo_objective
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ onnxruntime's ``quantize_static`` from scratch (it calibrates on every call). Th
 
 Run::
 
-    python benchmarks/bench_trial_cost.py [--configs 8] [--seed 0]
+    python -m benchmarks.bench_trial_cost [--configs 8] [--seed 0]
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import statistics
 import tempfile
 import time
 
-from _demo_setup import demo_objective
+from benchmarks._demo_setup import demo_objective
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization import QuantType
 
-from optuna_quant.quantize import _FeedReader
 from optuna_quant.quantize import ENTROPY_NUM_BINS
 from optuna_quant.space import QuantConfig
 
@@ -49,7 +48,7 @@ def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> N
         quantize_static(
             str(objective.quantizer.model_path),
             str(out),
-            _FeedReader(objective.quantizer._feeds),
+            objective.quantizer.calibration_reader(),
             quant_format=QuantFormat.QDQ,
             per_channel=config.per_channel,
             activation_type=QuantType.QUInt8,

@@ -100,7 +100,7 @@ class Quantizer:
                     extra_options=options,
                 )
                 with contextlib.redirect_stdout(io.StringIO()):
-                    calibrator.collect_data(_FeedReader(self._feeds))
+                    calibrator.collect_data(self.calibration_reader())
                 self._calibrators[method] = calibrator
             percentile = _percentile(range_estimator)
             if percentile is not None:
@@ -112,6 +112,10 @@ class Quantizer:
             self.calibration_seconds[method.name] = self.calibration_seconds.get(method.name, 0.0) + seconds
             _logger.debug("Calibrated %s in %.3f s", range_estimator, seconds)
         return self._ranges[range_estimator]
+
+    def calibration_reader(self) -> CalibrationDataReader:
+        """A fresh onnxruntime reader over the calibration feeds (one pass each)."""
+        return _FeedReader(self._feeds)
 
     def quantize(self, config: QuantConfig) -> onnx.ModelProto:
         """The int8 QDQ model of ``config``."""
