@@ -39,6 +39,7 @@ import onnxruntime as ort  # noqa: E402
 from benchmarks.models.train import MODELS_DIR  # noqa: E402
 from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
+from optuna_quant.evaluate import Top1Accuracy  # noqa: E402
 from optuna_quant.latency import BenchmarkSettings, LatencyResult  # noqa: E402
 from optuna_quant.loss import Targets, relative_accuracy_loss  # noqa: E402
 from optuna_quant.objective import QuantizationObjective  # noqa: E402
@@ -81,37 +82,13 @@ SPECS = {
 }
 
 
-class Top1Agreement:
-    """Fraction of images on which a model's top-1 class agrees with the fp32 model's.
+def top1_classes(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
+    """The fp32 model's top-1 class of every image: the labels of the agreement score.
 
-    Finer than accuracy against labels: a quantized model that fixes one image and breaks
-    another scores a loss of two, not zero.
+    Agreement with fp32 is finer than accuracy against labels: a quantized model that fixes one
+    image and breaks another scores a loss of two, not zero.
     """
-
-    def __init__(self, images: np.ndarray, fp32_classes: np.ndarray, batch_size: int = 500) -> None:
-        self.images = images
-        self.fp32_classes = fp32_classes
-        self.batch_size = batch_size
-
-    def classes(self, session: ort.InferenceSession) -> np.ndarray:
-        """The top-1 class of every image."""
-        name = session.get_inputs()[0].name
-        batches = range(0, len(self.images), self.batch_size)
-        return np.concatenate(
-            [session.run(None, {name: self.images[i : i + self.batch_size]})[0].argmax(1) for i in batches]
-        )
-
-    def __call__(self, session: ort.InferenceSession) -> float:
-        return float((self.classes(session) == self.fp32_classes).mean())
-
-
-def accuracy_only(objective: QuantizationObjective, params: dict[str, Any]) -> float:
-    """The int8 score of ``params``, without timing it."""
-    model = objective.quantizer.quantize(objective.space.to_config(params))
-    session = ort.InferenceSession(
-        model.SerializeToString(), objective.benchmark.session_options(), providers=["CPUExecutionProvider"]
-    )
-    return objective.eval_fn(session)
+    return session.run(None, {session.get_inputs()[0].name: images})[0].argmax(1)
 
 
 def latency_key(params: dict[str, Any]) -> tuple[Any, ...]:
@@ -133,7 +110,7 @@ def measure_rows(objective: QuantizationObjective, log_every: int = 50) -> tuple
     for i, params in enumerate(configurations(choices), start=1):
         key = latency_key(params)
         if key in latencies:
-            accuracy = accuracy_only(objective, params)
+            accuracy = objective.accuracy(params)
         else:
             measurement = objective.measure(params)
             accuracy, latencies[key] = measurement.accuracy, measurement.latency
@@ -167,13 +144,13 @@ def build(name: str) -> Table:
     info = json.loads((MODELS_DIR / f"{spec.model}.json").read_text())
     data = load_mnist()
     fp32 = ort.InferenceSession(info["path"], BENCHMARK.session_options(), providers=["CPUExecutionProvider"])
-    fp32_classes = Top1Agreement(data.x_test, np.empty(0)).classes(fp32)
+    fp32_classes = top1_classes(fp32, data.x_test)
     # One image per feed: the objective times its latency on the first feed, which must be batch 1.
     calibration = [data.x_train[i : i + 1] for i in range(N_CALIBRATION)]
     objective = QuantizationObjective(
         info["path"],
         calibration,
-        Top1Agreement(data.x_test, fp32_classes),
+        Top1Accuracy(data.x_test, fp32_classes),
         targets=Targets(**spec.targets),
         nodes=spec.nodes,
         benchmark=BENCHMARK,

@@ -202,6 +202,10 @@ class QuantizationObjective:
             raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
         return checked_score(value, f"eval_fn on the {what} model")
 
+    def accuracy(self, params: Mapping[str, Any]) -> float:
+        """The int8 score of the configuration ``params``, without timing it."""
+        return self._evaluate(self._session(self.quantizer.quantize(self.space.to_config(params))), "int8")
+
     def measure(self, params: Mapping[str, Any]) -> Measurement:
         """Build, evaluate and time the configuration ``params`` (no study needed).
 

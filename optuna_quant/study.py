@@ -78,7 +78,6 @@ class QuantStudy:
         objective: The quantization objective.
         storage: The storage the study was opened on.
         artifact_dir: Folder of the artifact store that receives the best model.
-        stop_on_target: Stop every worker once a trial meets both targets.
         run_trials: ``False`` for ``trials_load_method="eval"``, where ``optimize`` runs nothing.
     """
 
@@ -88,14 +87,12 @@ class QuantStudy:
         objective: QuantizationObjective,
         storage: optuna.storages.BaseStorage,
         artifact_dir: str | Path,
-        stop_on_target: bool = False,
         run_trials: bool = True,
     ) -> None:
         self.study = study
         self.objective = objective
         self.storage = storage
         self.artifact_dir = Path(artifact_dir)
-        self.stop_on_target = stop_on_target
         self.run_trials = run_trials
 
     def __getattr__(self, name: str) -> Any:
@@ -105,6 +102,11 @@ class QuantStudy:
     def targets(self) -> Targets:
         """The accuracy and latency targets."""
         return self.objective.targets
+
+    @property
+    def stop_on_target(self) -> bool:
+        """Whether every worker stops once a trial meets both targets (the objective's setting)."""
+        return self.objective.stop_on_target
 
     @property
     def lock(self) -> StudyLock:
@@ -362,7 +364,7 @@ def create_study(
         if study is None:
             raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
         objective.space = SearchSpace.from_dict(study.user_attrs[SPACE_KEY])
-        return QuantStudy(study, objective, storage_obj, artifact_dir, stop_on_target, run_trials=False)
+        return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
     if trials_load_method == "warm_start":
         if _load_or_none(name, storage_obj) is None:
             _logger.info("No study %r to warm-start: starting with cold_start.", name)
@@ -387,7 +389,7 @@ def create_study(
         with optuna_warnings_off():
             study.set_metric_names(METRIC_NAMES[objective_mode])
     _ensure_log_handler()
-    return QuantStudy(study, objective, storage_obj, artifact_dir, stop_on_target)
+    return QuantStudy(study, objective, storage_obj, artifact_dir)
 
 
 def _load_or_none(
