@@ -365,3 +365,13 @@ def test_sampler_reseed_changes_the_sequence() -> None:
     reseeded, fresh = DiscreteGPSampler(seed=0), DiscreteGPSampler(seed=0)
     reseeded.reseed_rng()
     assert reseeded._rng.randint(1 << 30) != fresh._rng.randint(1 << 30)
+
+
+def test_a_failed_acquisition_search_falls_back_to_an_unseen_random_configuration() -> None:
+    # Without local search, a space too large to list leaves acq_max no candidate: it raises,
+    # and the sampler must still propose something new rather than fail the trial.
+    sampler = DiscreteGPSampler(seed=0, n_startup_trials=2, n_local_search=0)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(lambda t: sum(t.suggest_int(f"b{i}", 0, 1) for i in range(20)), n_trials=5)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert len({tuple(sorted(t.params.items())) for t in study.trials}) == 5

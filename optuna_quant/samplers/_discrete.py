@@ -26,6 +26,8 @@ Config = tuple[int, ...]
 
 # Enumerating more configurations than this costs more memory than it saves over sampling.
 _ENUMERATION_LIMIT = 200_000
+# Uniform draws tried before the space is listed to find an unseen configuration.
+_RANDOM_TRIES = 64
 
 
 def choices_of(name: str, distribution: BaseDistribution) -> tuple[Any, ...]:
@@ -115,6 +117,19 @@ class DiscreteSpace:
     def random_configs(self, rng: np.random.RandomState, n: int) -> np.ndarray:
         """``n`` uniformly random configurations (duplicates possible) as an ``(n, dim)`` array."""
         return (rng.random_sample((n, self.dim)) * self.n_choices).astype(np.int64)
+
+    def random_unseen(self, rng: np.random.RandomState, seen: set[Config]) -> Config:
+        """A uniformly random configuration not in ``seen``; any one when none is left.
+
+        Rejection sampling is cheap while most of the space is unseen; listing it is the fallback.
+        """
+        configs = self.random_configs(rng, _RANDOM_TRIES if seen else 1)
+        for row in configs.tolist():
+            if tuple(row) not in seen:
+                return tuple(row)
+        unseen = self.unseen(rng, seen, 1)
+        # Only sampling a huge, nearly exhausted space can come back empty: a repeat beats failing.
+        return tuple((unseen[0] if len(unseen) else configs[0]).tolist())
 
     def unseen(
         self, rng: np.random.RandomState, seen: set[Config], n: int | None = None

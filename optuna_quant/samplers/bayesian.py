@@ -847,7 +847,7 @@ class DiscreteGPSampler(BaseSampler):
         seen: set[Config],
     ) -> Config:
         if len(history.values) < self._n_startup_trials:
-            return self._random_unseen(space, seen)
+            return space.random_unseen(self._rng, seen)
         optimizer = self._optimizer_for(study, space, history)
         for config, value, row in zip(
             history.configs.tolist(),
@@ -860,15 +860,8 @@ class DiscreteGPSampler(BaseSampler):
         try:
             params = optimizer.suggest(pending=pending, exclude=seen)
         except ValueError:
-            return self._random_unseen(space, seen)
+            return space.random_unseen(self._rng, seen)
         return tuple(params[name] for name in space.names)
-
-    def _random_unseen(self, space: DiscreteSpace, seen: set[Config]) -> Config:
-        # Rejection sampling is cheap while most of the space is unseen; listing it is not.
-        for row in space.random_configs(self._rng, 64).tolist():
-            if tuple(row) not in seen:
-                return tuple(row)
-        return tuple(space.unseen(self._rng, seen, 1)[0].tolist())
 
     def _optimizer_for(
         self, study: Study, space: DiscreteSpace, history: History

@@ -49,8 +49,6 @@ from optuna_quant.samplers._parzen import UnivariateParzen
 _MAX_GOOD = 25
 # Candidate batches drawn, all of them seen, before a random unseen configuration is taken.
 _DRAW_ROUNDS = 4
-# Uniform draws tried before the finite space is listed to find an unseen configuration.
-_RANDOM_TRIES = 64
 # Values of one numeric parameter beyond which the space is treated as continuous.
 _MAX_LISTED_VALUES = 10_000
 
@@ -290,14 +288,8 @@ class TPESampler(BaseSampler):
         """A uniformly random point; an unseen configuration when ``seen`` is given and one remains."""
         if space is None:
             return _uniform(self._rng, dims)
-        configs = space.random_configs(self._rng, _RANDOM_TRIES if seen else 1)
-        for config in configs:
-            if not seen or tuple(config.tolist()) not in seen:
-                return _values_of(config[None], dims)[0]
-        unseen = space.unseen(self._rng, seen, 1)
-        # Only sampling a huge, nearly exhausted space can come back empty: a repeat beats failing.
-        chosen = unseen[0] if len(unseen) else configs[0]
-        return _values_of(chosen[None], dims)[0]
+        config = space.random_unseen(self._rng, seen or set())
+        return _values_of(np.array(config)[None], dims)[0]
 
 
 def pot(*, seed: int | None = None) -> TPESampler:
