@@ -39,7 +39,8 @@ def pg_bindir() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A localhost port that nothing listens on (the OS picks a free one and lets it go)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -69,7 +70,7 @@ def postgres_server() -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="optuna-quant-pg-"))
     if account is not None:
         os.chown(folder, account.pw_uid, account.pw_gid)
-    data, port = folder / "data", _free_port()
+    data, port = folder / "data", free_port()
 
     def run(*args: str) -> None:
         subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,10 @@ import optuna
 import pytest
 
 from optuna_quant.cli import main
+from pg import free_port
 from test_cli import write_project
 
 CHROMIUM = shutil.which("chromium")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get_json(url: str) -> dict:
@@ -50,7 +44,7 @@ def finished(tmp_path_factory, cnn, calib, agreement) -> Path:
 @pytest.fixture(scope="module")
 def dashboard(finished) -> Iterator[str]:
     """The URL of the study's page, printed by ``optuna-quant dashboard`` once it serves."""
-    port = _free_port()
+    port = free_port()
     # Files, not pipes: the server logs every request and would block on a full pipe.
     out, err = (finished.with_name(name).open("w") for name in ("dashboard.out", "dashboard.err"))
     server = subprocess.Popen(
