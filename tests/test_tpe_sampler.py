@@ -7,10 +7,11 @@ import math
 
 import numpy as np
 import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.distributions import IntDistribution
 import pytest
 
-from optuna_quant.samplers._parzen import CategoricalDim
-from optuna_quant.samplers._parzen import NumericDim
 from optuna_quant.samplers.tpe import _best_unseen_combination
 from optuna_quant.samplers.tpe import _min_choices
 from optuna_quant.samplers.tpe import quantile_gamma
@@ -201,9 +202,14 @@ def test_pot_preset_settings() -> None:
 
 
 def test_pot_m_is_the_fewest_choices_above_one() -> None:
-    dims = [CategoricalDim(1), CategoricalDim(5), NumericDim(0, 6, 2.0, False), CategoricalDim(3)]
-    assert _min_choices(dims) == 3
-    assert _min_choices([NumericDim(0.0, 1.0, None, False)]) is None
+    distributions = [
+        CategoricalDistribution(["only"]),
+        CategoricalDistribution(list("abcde")),
+        IntDistribution(0, 6, step=2),
+        CategoricalDistribution(list("abc")),
+    ]
+    assert _min_choices(distributions) == 3
+    assert _min_choices([FloatDistribution(0.0, 1.0)]) is None
 
 
 def test_pot_preset_draws_m_candidates(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ they never propose one again while unseen configurations remain.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 import math
 from typing import Any
@@ -30,25 +30,41 @@ _ENUMERATION_LIMIT = 200_000
 _RANDOM_TRIES = 64
 
 
+def grid_size(distribution: BaseDistribution) -> int | None:
+    """How many values ``distribution`` allows; ``None`` for a float without a step.
+
+    Example:
+        >>> from optuna.distributions import FloatDistribution, IntDistribution
+        >>> grid_size(IntDistribution(1, 9, step=2)), grid_size(FloatDistribution(0.0, 1.0))
+        (5, None)
+    """
+    if isinstance(distribution, CategoricalDistribution):
+        return len(distribution.choices)
+    if isinstance(distribution, FloatDistribution) and distribution.step is None:
+        return None
+    step = 1 if distribution.log else distribution.step  # type: ignore[attr-defined]
+    return round((distribution.high - distribution.low) / step) + 1  # type: ignore[attr-defined]
+
+
 def choices_of(name: str, distribution: BaseDistribution) -> tuple[Any, ...]:
     """The finite list of values that ``distribution`` allows.
 
     Raises:
         ValueError: For a float parameter without a step, which has no finite list of values.
     """
+    n = grid_size(distribution)
+    if n is None:
+        raise ValueError(
+            f"Parameter {name!r} has the continuous distribution {distribution!r}: the samplers "
+            "of optuna-quant need a finite space (categorical, integer, or float with a step)."
+        )
     if isinstance(distribution, CategoricalDistribution):
         return tuple(distribution.choices)
+    step = 1 if distribution.log else distribution.step  # type: ignore[attr-defined]
+    low = distribution.low  # type: ignore[attr-defined]
     if isinstance(distribution, IntDistribution):
-        if distribution.log:
-            return tuple(range(distribution.low, distribution.high + 1))
-        return tuple(range(distribution.low, distribution.high + 1, distribution.step))
-    if isinstance(distribution, FloatDistribution) and distribution.step is not None:
-        n = int(round((distribution.high - distribution.low) / distribution.step)) + 1
-        return tuple(float(distribution.low + i * distribution.step) for i in range(n))
-    raise ValueError(
-        f"Parameter {name!r} has the continuous distribution {distribution!r}: the samplers of "
-        "optuna-quant need a finite space (categorical, integer, or float with a step)."
-    )
+        return tuple(low + i * step for i in range(n))
+    return tuple(float(low + i * step) for i in range(n))
 
 
 class DiscreteSpace:
@@ -220,21 +236,53 @@ class History:
                 between calls on the same ``space`` and ``study``: a finished trial's parameters
                 never change, so that each is encoded once instead of on every call.
         """
+
+        def encode(trial: FrozenTrial) -> Config | None:
+            if encoded is None:
+                return space.encode(trial.params)
+            if trial._trial_id in encoded:
+                return encoded[trial._trial_id]
+            config = space.encode(trial.params)
+            if trial.state.is_finished():
+                encoded[trial._trial_id] = config
+            return config
+
+        return cls.collect(study, trials, encode, space.dim, np.int64)
+
+    @classmethod
+    def collect(
+        cls,
+        study: Study,
+        trials: Iterable[FrozenTrial],
+        encode: Callable[[FrozenTrial], Sequence[float] | None],
+        dim: int,
+        dtype: type = np.int64,
+    ) -> History:
+        """The history of the trials that ``encode`` maps to a point (``None`` leaves one out).
+
+        :meth:`from_trials` encodes choice indices; a sampler on a continuous space can pass
+        Optuna's internal values instead, whose ``seen`` set is then of no use.
+
+        Example:
+            >>> import optuna
+            >>> study = optuna.create_study()
+            >>> study.add_trial(optuna.trial.create_trial(params={"x": 1.5}, value=2.0,
+            ...     distributions={"x": optuna.distributions.FloatDistribution(0, 2)}))
+            >>> history = History.collect(study, study.trials, lambda t: [t.params["x"]], 1, float)
+            >>> history.configs.tolist(), history.values.tolist()
+            ([[1.5]], [2.0])
+        """
         sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
-        configs: list[Config] = []
+        configs: list[tuple] = []
         values: list[float] = []
         constraint_rows: list[dict[str, float]] = []
-        running: list[Config] = []
-        seen: set[Config] = set()
+        running: list[tuple] = []
+        seen: set[tuple] = set()
         for trial in trials:
-            if encoded is not None and trial._trial_id in encoded:
-                config = encoded[trial._trial_id]
-            else:
-                config = space.encode(trial.params)
-                if encoded is not None and trial.state.is_finished():
-                    encoded[trial._trial_id] = config
-            if config is None:
+            point = encode(trial)
+            if point is None:
                 continue
+            config = tuple(point)
             if trial.state == TrialState.COMPLETE and trial.value is not None:
                 configs.append(config)
                 values.append(sign * float(trial.value))
@@ -246,10 +294,10 @@ class History:
             elif trial.state in (TrialState.FAIL, TrialState.PRUNED):
                 seen.add(config)
         return cls(
-            configs=np.array(configs, dtype=np.int64).reshape(-1, space.dim),
+            configs=np.array(configs, dtype=dtype).reshape(-1, dim),
             values=np.array(values, dtype=float),
             constraints=constraint_matrix(constraint_rows),
-            running=np.array(running, dtype=np.int64).reshape(-1, space.dim),
+            running=np.array(running, dtype=dtype).reshape(-1, dim),
             seen=seen,
         )
 
@@ -259,3 +307,39 @@ class History:
         if self.constraints is None:
             return np.ones(len(self.values), dtype=bool)
         return np.all(self.constraints <= 0, axis=1)
+
+
+class SpaceCache:
+    """Each search space a sampler meets, built once, with a memo of its encoded finished trials.
+
+    A sampler is asked for every trial of a study; building the :class:`DiscreteSpace` and
+    encoding every trial again each time would cost more than the model in a long study.
+
+    Example:
+        >>> import optuna
+        >>> study = optuna.create_study()
+        >>> cache = SpaceCache()
+        >>> space, history = cache.history(study, [], {"a": CategoricalDistribution(["x", "y"])})
+        >>> cache.history(study, [], {"a": CategoricalDistribution(["x", "y"])})[0] is space
+        True
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[Any, DiscreteSpace, dict[int, Config | None]]] = {}
+
+    def history(
+        self, study: Study, trials: Iterable[FrozenTrial], search_space: Mapping[str, BaseDistribution]
+    ) -> tuple[DiscreteSpace, History]:
+        """The space of ``search_space`` and the history of ``trials`` on it."""
+        # Trial ids are unique within a storage only; holding the storage keeps its id unique.
+        key = (id(study._storage), study._study_id, tuple(sorted(search_space)))
+        cached = self._entries.get(key)
+        if cached is None or cached[1].distributions != dict(search_space):
+            cached = (study._storage, DiscreteSpace(search_space), {})
+            self._entries[key] = cached
+        _, space, encoded = cached
+        return space, History.from_trials(study, trials, space, encoded)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The entries hold storages, which need not pickle; they are rebuilt on demand.
+        return {"_entries": {}}

@@ -148,7 +148,31 @@ def gaussian_kernels(x: np.ndarray, dim: NumericDim) -> tuple[np.ndarray, np.nda
     return np.append(u, prior_mu), np.append(sigmas, width)
 
 
-class UnivariateParzen:
+class _Parzen:
+    """What both estimators share: the parameters split by kind, the mixture weights (one per
+    observation, the prior's last) and each numeric parameter's Gaussians."""
+
+    def __init__(
+        self,
+        observations: np.ndarray,
+        dims: Sequence[Dim],
+        weights: np.ndarray,
+        prior_weight: float,
+    ) -> None:
+        if prior_weight <= 0:
+            raise ValueError(f"prior_weight must be positive, got {prior_weight!r}.")
+        self._observations = np.asarray(observations, dtype=float).reshape(-1, len(dims))
+        self._dims = list(dims)
+        self._cat = [j for j, d in enumerate(dims) if isinstance(d, CategoricalDim)]
+        self._num = [j for j, d in enumerate(dims) if isinstance(d, NumericDim)]
+        mixture_weights = np.append(np.asarray(weights, dtype=float), prior_weight)
+        self._mixture_weights = mixture_weights / mixture_weights.sum()
+        self._gaussians = [
+            gaussian_kernels(self._observations[:, j], dims[j]) for j in self._num
+        ]
+
+
+class UnivariateParzen(_Parzen):
     """One independent model per parameter (hyperopt's and OpenVINO POT's TPE).
 
     Args:
@@ -171,22 +195,13 @@ class UnivariateParzen:
         weights: np.ndarray,
         prior_weight: float,
     ) -> None:
-        if prior_weight <= 0:
-            raise ValueError(f"prior_weight must be positive, got {prior_weight!r}.")
-        observations = np.asarray(observations, dtype=float).reshape(-1, len(dims))
-        weights = np.asarray(weights, dtype=float)
-        self._dims = list(dims)
-        self._cat = [j for j, d in enumerate(dims) if isinstance(d, CategoricalDim)]
-        self._num = [j for j, d in enumerate(dims) if isinstance(d, NumericDim)]
+        super().__init__(observations, dims, weights, prior_weight)
         self._cat_log_probs = _categorical_log_probs(
-            observations[:, self._cat].astype(np.int64),
+            self._observations[:, self._cat].astype(np.int64),
             np.array([dims[j].n_choices for j in self._cat], dtype=np.int64),
-            weights,
+            np.asarray(weights, dtype=float),
             prior_weight,
         )
-        mixture_weights = np.append(weights, prior_weight)
-        self._mixture_weights = mixture_weights / mixture_weights.sum()
-        self._gaussians = [gaussian_kernels(observations[:, j], dims[j]) for j in self._num]
 
     def sample(self, rng: np.random.RandomState, size: int) -> np.ndarray:
         """``size`` draws, each parameter drawn on its own, as a ``(size, d)`` array."""
@@ -212,7 +227,7 @@ class UnivariateParzen:
         return out
 
 
-class MultivariateParzen:
+class MultivariateParzen(_Parzen):
     """A joint model: a mixture of product kernels, one per observation plus a uniform prior.
 
     A categorical kernel puts ``(1 + s) / (1 + K s)`` on the observed choice and ``s / (1 + K s)``
@@ -239,23 +254,15 @@ class MultivariateParzen:
         weights: np.ndarray,
         prior_weight: float,
     ) -> None:
-        if prior_weight <= 0:
-            raise ValueError(f"prior_weight must be positive, got {prior_weight!r}.")
-        observations = np.asarray(observations, dtype=float).reshape(-1, len(dims))
-        n = len(observations)
-        self._dims = list(dims)
-        self._cat = [j for j, d in enumerate(dims) if isinstance(d, CategoricalDim)]
-        self._num = [j for j, d in enumerate(dims) if isinstance(d, NumericDim)]
-        mixture_weights = np.append(np.asarray(weights, dtype=float), prior_weight)
-        self._mixture_weights = mixture_weights / mixture_weights.sum()
-
+        super().__init__(observations, dims, weights, prior_weight)
+        n = len(self._observations)
         n_choices = np.array([dims[j].n_choices for j in self._cat], dtype=np.int64)
         max_choices = int(n_choices.max()) if len(n_choices) else 1
         valid = np.arange(max_choices)[None, :] < n_choices[:, None]
         smoothing = prior_weight / (n + 1)
         # probs[j, k, c]: kernel k's probability of choice c of categorical j; kernel n is the prior.
         probs = np.where(valid[:, None, :], smoothing, 0.0).repeat(n + 1, axis=1)
-        cat_obs = observations[:, self._cat].astype(np.int64)
+        cat_obs = self._observations[:, self._cat].astype(np.int64)
         probs[np.arange(len(self._cat))[None, :], np.arange(n)[:, None], cat_obs] += 1.0
         probs[:, :n, :] /= (1.0 + n_choices * smoothing)[:, None, None]
         probs[:, n, :] = np.where(valid, 1.0 / n_choices[:, None], 0.0)
@@ -265,7 +272,6 @@ class MultivariateParzen:
         self._max_choices = max_choices
         log_probs = np.log(np.where(valid[:, None, :], probs, 1.0))
         self._cat_log_table = log_probs.transpose(0, 2, 1).reshape(-1, n + 1)
-        self._gaussians = [gaussian_kernels(observations[:, j], dims[j]) for j in self._num]
 
     def sample(self, rng: np.random.RandomState, size: int) -> np.ndarray:
         """``size`` joint draws as a ``(size, d)`` array."""

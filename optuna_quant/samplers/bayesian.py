@@ -45,6 +45,7 @@ from optuna_quant.samplers._discrete import choices_of
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._gp_kernel import DiscreteGP
 
 __all__ = [
@@ -786,6 +787,7 @@ class DiscreteGPSampler(BaseSampler):
         self._candidate_budget = candidate_budget
         self._n_local_search = n_local_search
         self._intersection = IntersectionSearchSpace()
+        self._spaces = SpaceCache()
         self._optimizer: BayesianOptimization | None = None
         self._optimizer_key: tuple[Any, ...] | None = None
 
@@ -812,9 +814,8 @@ class DiscreteGPSampler(BaseSampler):
         self._raise_error_if_multi_objective(study)
         if not search_space:
             return {}
-        space = DiscreteSpace(search_space)
         trials = [t for t in study._get_trials(deepcopy=False) if t.number != trial.number]
-        history = History.from_trials(study, trials, space)
+        space, history = self._spaces.history(study, trials, search_space)
         claimed = _claimed_configs(trials, space)
         seen = history.seen | set(claimed)
         if len(seen) >= space.size:

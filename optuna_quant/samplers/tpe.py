@@ -15,6 +15,7 @@ result of a repeat, which spends a trial on nothing new.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 import functools
@@ -24,19 +25,16 @@ from typing import Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution
-from optuna.distributions import CategoricalDistribution
-from optuna.distributions import FloatDistribution
 from optuna.samplers import BaseSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
-from optuna.trial import TrialState
 
 from optuna_quant.samplers._discrete import Config
-from optuna_quant.samplers._discrete import constraint_matrix
 from optuna_quant.samplers._discrete import DiscreteSpace
+from optuna_quant.samplers._discrete import grid_size
 from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._parzen import CategoricalDim
 from optuna_quant.samplers._parzen import Dim
 from optuna_quant.samplers._parzen import dim_of
@@ -151,7 +149,7 @@ class TPESampler(BaseSampler):
         self._constraints = constraints
         self._rng = np.random.RandomState(seed)
         self._search_space = IntersectionSearchSpace(include_pruned=True)
-        self._spaces: dict[tuple[int, int, tuple[str, ...]], tuple[Any, DiscreteSpace, dict[int, Config | None]]] = {}
+        self._spaces = SpaceCache()
 
     @classmethod
     def pot(cls, *, seed: int | None = None, constant_liar: bool = True) -> TPESampler:
@@ -202,7 +200,7 @@ class TPESampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        # Optuna never asks a sampler for a single-valued parameter. Alone, one parameter's values repeat by design: the never-repeat rule is for whole
+        # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
         return self._sample(study, {param_name: param_distribution}, never_repeat=False)[param_name]
 
@@ -214,8 +212,7 @@ class TPESampler(BaseSampler):
         dims = [dim_of(search_space[name]) for name in names]
         space: DiscreteSpace | None = None
         if all(_is_finite(dist) for dist in search_space.values()):
-            space, encoded = self._space(study, search_space)
-            history = History.from_trials(study, trials, space, encoded)
+            space, history = self._spaces.history(study, trials, search_space)
             observed, running = _values_of(history.configs, dims), _values_of(history.running, dims)
         else:
             history = _continuous_history(study, trials, names, search_space)
@@ -228,28 +225,13 @@ class TPESampler(BaseSampler):
         if len(history.values) < self._n_startup_trials:
             x = self._random(space, dims, seen)
         else:
-            x = self._propose(history, observed, running, dims, space, seen)
+            m = _min_choices(search_space.values())
+            x = self._propose(history, observed, running, dims, m, space, seen)
         if space is not None:
             return space.decode(_indices_of(x[None], dims)[0])
         return {
             name: search_space[name].to_external_repr(float(v)) for name, v in zip(names, x)
         }
-
-    def _space(
-        self, study: Study, search_space: Mapping[str, BaseDistribution]
-    ) -> tuple[DiscreteSpace, dict[int, Config | None]]:
-        """The space of ``search_space`` with its memo of encoded trials, built once per space."""
-        # Trial ids are unique within a storage only; holding the storage keeps its id unique.
-        key = (id(study._storage), study._study_id, tuple(sorted(search_space)))
-        cached = self._spaces.get(key)
-        if cached is None or cached[1].distributions != dict(search_space):
-            cached = (study._storage, DiscreteSpace(search_space), {})
-            self._spaces[key] = cached
-        return cached[1], cached[2]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The memo holds a storage, which need not pickle; it is rebuilt on demand.
-        return {**self.__dict__, "_spaces": {}}
 
     def _propose(
         self,
@@ -257,6 +239,7 @@ class TPESampler(BaseSampler):
         observed: np.ndarray,
         running: np.ndarray,
         dims: Sequence[Dim],
+        m: int | None,
         space: DiscreteSpace | None,
         seen: set[Config] | None,
     ) -> np.ndarray:
@@ -266,7 +249,6 @@ class TPESampler(BaseSampler):
         if self._constant_liar:
             observed_bad = np.concatenate([observed_bad, running])
         # POT's M; a space of continuous parameters has none, and takes hyperopt's defaults.
-        m = _min_choices(dims)
         n_candidates = self._n_ei_candidates or (24 if m is None else m)
         prior_weight = self._prior_weight or (1.0 if m is None else 1.0 / m)
         estimator = MultivariateParzen if self._multivariate else UnivariateParzen
@@ -431,24 +413,13 @@ def _is_finite(distribution: BaseDistribution) -> bool:
     A float without a step cannot; nor, in practice, an integer range of millions, whose values
     a repeat would hardly hit anyway.
     """
-    if isinstance(distribution, CategoricalDistribution):
-        return True
-    if isinstance(distribution, FloatDistribution) and distribution.step is None:
-        return False
-    step = 1 if distribution.log else distribution.step  # type: ignore[attr-defined]
-    n_values = (distribution.high - distribution.low) // step + 1  # type: ignore[attr-defined]
-    return n_values <= _MAX_LISTED_VALUES
+    n_values = grid_size(distribution)
+    return n_values is not None and n_values <= _MAX_LISTED_VALUES
 
 
-
-def _min_choices(dims: Sequence[Dim]) -> int | None:
+def _min_choices(distributions: Iterable[BaseDistribution]) -> int | None:
     """POT's ``M``: the fewest choices of a finite parameter with more than one."""
-    counts = [
-        d.n_choices if isinstance(d, CategoricalDim) else round((d.high - d.low) / d.step) + 1
-        for d in dims
-        if isinstance(d, CategoricalDim) or d.step is not None
-    ]
-    counts = [c for c in counts if c > 1]
+    counts = [n for n in map(grid_size, distributions) if n is not None and n > 1]
     return min(counts) if counts else None
 
 
@@ -489,27 +460,11 @@ def _continuous_history(
     search_space: Mapping[str, BaseDistribution],
 ) -> History:
     """A :class:`History` whose configurations are Optuna's internal values, for spaces that are
-    not finite; ``seen`` stays empty, as a continuous value does not repeat.
-    """
-    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
-    configs: list[list[float]] = []
-    values: list[float] = []
-    constraint_rows: list[dict[str, float]] = []
-    running: list[list[float]] = []
-    for trial in trials:
+    not finite."""
+
+    def encode(trial: FrozenTrial) -> list[float] | None:
         if any(trial.distributions.get(name) != search_space[name] for name in names):
-            continue
-        x = [search_space[name].to_internal_repr(trial.params[name]) for name in names]
-        if trial.state == TrialState.COMPLETE and trial.value is not None:
-            configs.append(x)
-            values.append(sign * float(trial.value))
-            constraint_rows.append(dict(trial.constraints))
-        elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
-            running.append(x)
-    return History(
-        configs=np.array(configs, dtype=float).reshape(-1, len(names)),
-        values=np.array(values, dtype=float),
-        constraints=constraint_matrix(constraint_rows),
-        running=np.array(running, dtype=float).reshape(-1, len(names)),
-        seen=set(),
-    )
+            return None
+        return [search_space[name].to_internal_repr(trial.params[name]) for name in names]
+
+    return History.collect(study, trials, encode, len(names), float)
