@@ -73,22 +73,21 @@ def reserve_trial(
     """
     with lock():
         trials = study.get_trials(deepcopy=False)
-        study_id = storage.get_study_id_from_name(study.study_name)
         now = time.time()
         free = [t for t in trials if t.state == TrialState.WAITING and not _reserved(t, now, stale_after)]
         if free:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, free[0].number)
+            trial_id = free[0]._trial_id
         elif n_trials is None or counted_trials(trials, running_counts) < n_trials:
             ticket = optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": {}})
-            trial_id = storage.create_new_trial(study_id, template_trial=ticket)
+            trial_id = storage.create_new_trial(study._study_id, template_trial=ticket)
         else:
             return False
-        number = storage.get_trial_number_from_id(trial_id)
-        storage.set_trial_system_attr(trial_id, RESERVED_KEY, [number, now])
+        storage.set_trial_system_attr(trial_id, RESERVED_KEY, [trial_id, now])
         return True
 
 
 def _reserved(trial: FrozenTrial, now: float, stale_after: float) -> bool:
     # A re-queued trial copies the system attrs of the one it replaces: the mark names the trial.
+    # By id, not number: creating a ticket returns its id, and its number would cost a query.
     mark = trial.system_attrs.get(RESERVED_KEY)
-    return mark is not None and mark[0] == trial.number and now - mark[1] <= stale_after
+    return mark is not None and mark[0] == trial._trial_id and now - mark[1] <= stale_after

@@ -38,6 +38,7 @@ from optuna_quant.results import BestResult
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import describe
 from optuna_quant.storage import open_storage
+from optuna_quant.storage import sqlite_file
 from optuna_quant.storage import StorageError
 from optuna_quant.study import create_study
 from optuna_quant.study import QuantStudy
@@ -121,7 +122,8 @@ def _require_study(config: RunConfig) -> optuna.Study:
         f"{config.path}: no study {config.study_name!r} in {describe(config.storage)}; "
         "run 'optuna-quant tune' first."
     )
-    if config.sqlite_file is not None and not config.sqlite_file.is_file():
+    database = sqlite_file(config.storage)
+    if database is not None and not database.is_file():
         raise missing  # opening it would create an empty database file
     try:
         return optuna.load_study(study_name=config.study_name, storage=open_storage(config.storage))
@@ -163,13 +165,8 @@ def _tune(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     config = _config(args.config)
     _require_study(config)
-    if config.get("trials_load_method") == "fine_tune":
-        # The fine-tune study holds its narrowed space: load it as eval does, then run trials on it.
-        study = _study(config, "eval")
-        study.run_trials = True
-    else:
-        study = _study(config, "warm_start")
-    return _run(config, study)
+    # The config's study, a fine-tune one included: warm_start takes the space it stored.
+    return _run(config, _study(config, "warm_start"))
 
 
 def _best(args: argparse.Namespace) -> int:

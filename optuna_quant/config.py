@@ -33,18 +33,19 @@ from typing import Any
 
 import numpy as np
 from optuna.storages import BaseStorage
+from sqlalchemy.engine import make_url
 import yaml
 
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.objective import OBJECTIVE_MODES
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import DEFAULT_STORAGE
+from optuna_quant.storage import sqlite_file
 from optuna_quant.study import create_study
 from optuna_quant.study import FINE_TUNE_SUFFIX
 from optuna_quant.study import TRIALS_LOAD_METHODS
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_SQLITE = "sqlite:///"
 
 
 class ConfigError(ValueError):
@@ -135,12 +136,6 @@ class RunConfig:
     def storage(self) -> str:
         """The storage URL; by default ``optuna_quant.db`` beside the config file."""
         return self.get("storage", _resolve_storage(DEFAULT_STORAGE, self.folder))
-
-    @property
-    def sqlite_file(self) -> Path | None:
-        """The database file of an ``sqlite:///`` storage, else ``None``."""
-        file = self.storage[len(_SQLITE) :] if self.storage.startswith(_SQLITE) else ""
-        return Path(file) if file not in ("", ":memory:") else None
 
     def artifact_dir(self, storage: BaseStorage) -> Path:
         """Where the study's best models are stored: ``artifact_dir``, else beside ``storage``."""
@@ -332,10 +327,8 @@ def _resolve_path(value: str, folder: Path) -> str:
 
 
 def _resolve_storage(url: str, folder: Path) -> str:
-    """An ``sqlite:///relative.db`` URL made absolute against ``folder``; other URLs unchanged."""
-    if not url.startswith(_SQLITE):
+    """An SQLite URL of a relative file made absolute against ``folder``; other URLs unchanged."""
+    file = sqlite_file(url)
+    if file is None or file.is_absolute():
         return url
-    file = url[len(_SQLITE) :]
-    if file == ":memory:" or file.startswith("/") or not file:
-        return url
-    return _SQLITE + _resolve_path(file, folder)
+    return make_url(url).set(database=_resolve_path(str(file), folder)).render_as_string(hide_password=False)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage
+
+from optuna_quant.storage import open_storage
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -25,8 +26,9 @@ def study_url(
 
     Raises:
         KeyError: If the storage holds no study of that name.
+        optuna_quant.storage.StorageError: If ``storage`` is a URL that cannot be opened.
     """
-    study_id = optuna.storages.get_storage(storage).get_study_id_from_name(study_name)
+    study_id = open_storage(storage).get_study_id_from_name(study_name)
     return f"http://{host}:{port}/dashboard/studies/{study_id}"
 
 

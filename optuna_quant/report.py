@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 import html
 import io
 from pathlib import Path
@@ -132,11 +133,9 @@ def _history_figure(trials: list[FrozenTrial], targets: Targets) -> Figure:
     axes = figure.subplots()
     numbers = [t.number for t in points]
     axes.scatter(numbers, [trial_loss(t) for t in points], s=18, color="tab:blue", label="trial loss")
-    # Every prefix holds a recorded trial, so each has a best one.
-    best_so_far = [best_trial(points[: i + 1], targets) for i in range(len(points))]
     axes.step(
         numbers,
-        [trial_loss(b) for b in best_so_far if b is not None],
+        [trial_loss(b) for b in _running_best(points, targets)],
         where="post",
         color="tab:red",
         label="best so far (POT's rule)",
@@ -146,6 +145,20 @@ def _history_figure(trials: list[FrozenTrial], targets: Targets) -> Figure:
     axes.grid(alpha=0.3)
     axes.legend()
     return figure
+
+
+def _running_best(points: Sequence[FrozenTrial], targets: Targets) -> list[FrozenTrial]:
+    """The best of ``points[: i + 1]`` by POT's rule for each ``i``, in one pass over ``points``.
+
+    POT's rule keeps the earlier of two equal trials, so the best of a prefix is the better of
+    the previous prefix's best and the prefix's last trial.
+    """
+    best: list[FrozenTrial] = []
+    for trial in points:
+        better = best_trial([*best[-1:], trial], targets)
+        assert better is not None  # points are recorded trials, so one of them is the better
+        best.append(better)
+    return best
 
 
 def _tradeoff_figure(trials: list[FrozenTrial], targets: Targets, best: FrozenTrial) -> Figure:

@@ -126,6 +126,31 @@ def _rdb_storage(url: str, options: dict[str, Any]) -> RDBStorage:
             attempt += 1
 
 
+def sqlite_file(storage: str | BaseStorage) -> Path | None:
+    """The database file of an SQLite storage, given as a URL or opened; else ``None``.
+
+    Another database, an in-memory SQLite database, a malformed URL and a storage that is not an
+    RDB storage have no file. The path is SQLAlchemy's reading of the URL (percent-escapes
+    decoded), so it names the file that the storage opens.
+
+    Example:
+        >>> sqlite_file("sqlite:///runs/study.db").name
+        'study.db'
+        >>> sqlite_file("sqlite:///:memory:") is None
+        True
+    """
+    url = storage.url if isinstance(storage, RDBStorage) else storage
+    if not isinstance(url, str):
+        return None
+    try:
+        parsed = make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
 def heartbeat_interval(storage: BaseStorage) -> int | None:
     """Seconds between heartbeats of ``storage``, or ``None`` where it runs no heartbeat."""
     return storage.heartbeat_interval if isinstance(storage, RDBStorage) else None
@@ -133,12 +158,10 @@ def heartbeat_interval(storage: BaseStorage) -> int | None:
 
 def default_artifact_dir(storage: BaseStorage) -> Path:
     """Where the best models are stored: beside an SQLite file (``<name>-artifacts``), else here."""
-    if isinstance(storage, RDBStorage):
-        url = make_url(storage.url)
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            database = Path(url.database)
-            return database.with_name(database.stem + ARTIFACT_DIR_SUFFIX)
-    return Path(DEFAULT_ARTIFACT_DIR)
+    database = sqlite_file(storage)
+    if database is None:
+        return Path(DEFAULT_ARTIFACT_DIR)
+    return database.with_name(database.stem + ARTIFACT_DIR_SUFFIX)
 
 
 def study_lock(storage: BaseStorage, study_name: str) -> StudyLock:
@@ -152,13 +175,12 @@ def study_lock(storage: BaseStorage, study_name: str) -> StudyLock:
         >>> with lock():
         ...     pass
     """
-    if isinstance(storage, RDBStorage):
-        url = make_url(storage.url)
-        if url.get_backend_name() == "postgresql":
-            return lambda: _advisory_lock(storage.engine, _lock_key(study_name))
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            path = Path(url.database).with_suffix(Path(url.database).suffix + ".lock")
-            return lambda: _file_lock(path)
+    if isinstance(storage, RDBStorage) and make_url(storage.url).get_backend_name() == "postgresql":
+        return lambda: _advisory_lock(storage.engine, _lock_key(study_name))
+    database = sqlite_file(storage)
+    if database is not None:
+        path = database.with_suffix(database.suffix + ".lock")
+        return lambda: _file_lock(path)
     with _PROCESS_LOCKS_GUARD:
         lock = _PROCESS_LOCKS.setdefault(study_name, threading.Lock())
     return lambda: lock

@@ -286,7 +286,9 @@ def create_study(
             study, with a heartbeat that runs again the trial of a worker that died.
         study_name: The study's name in the storage.
         trials_load_method: ``cold_start``, ``warm_start``, ``fine_tune`` or ``eval`` (POT's).
-            Every worker of a shared study uses ``warm_start``.
+            Every worker of a shared study uses ``warm_start``: it runs on the search space that
+            the study stored (a ``fine_tune`` study's narrowed one), which must have the
+            parameters that ``scopes`` and ``nodes`` give here.
         stop_on_target: Stop every worker once a trial meets both targets.
         scopes: The tuning scopes that vary: ``layer``, ``range_estimator``, ``granularity``,
             ``mode``. Under ``fine_tune``, the scopes that vary around the previous best.
@@ -307,9 +309,10 @@ def create_study(
         The :class:`QuantStudy`.
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: For bad input, before any trial runs; a
-            storage that cannot be opened raises :class:`optuna_quant.storage.StorageError`
-            (a ``ValueError``) naming its URL, before anything is written.
+        ValueError, TypeError, FileNotFoundError: For bad input or a stored study made with
+            another search space, before any trial runs; a storage that cannot be opened raises
+            :class:`optuna_quant.storage.StorageError` (a ``ValueError``) naming its URL, before
+            anything is written.
     """
     if trials_load_method not in TRIALS_LOAD_METHODS:
         raise ValueError(
@@ -383,6 +386,7 @@ def create_study(
             f"Study {name!r} has {len(study.directions)} objective(s), not {objective_mode!r} mode's "
             f"{len(DIRECTIONS[objective_mode])}; use another study name or cold_start."
         )
+    _share_space(study, objective)
     if node_modules:
         study.set_user_attr(MODULES_KEY, node_modules)
     if study.metric_names is None:
@@ -399,6 +403,32 @@ def _load_or_none(
         return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
     except KeyError:
         return None
+
+
+def _share_space(study: optuna.Study, objective: QuantizationObjective) -> None:
+    """Record the objective's space in a new study, or give the objective the one stored.
+
+    The stored space wins: a fine_tune study's space is narrowed around a best trial that a
+    worker joining it cannot find again, as the earlier study may have moved on. Recording it
+    when the study is made, not at its first trial, lets a worker that joins meanwhile find it.
+
+    Raises:
+        ValueError: If the stored space has other parameters or choices than the objective's.
+    """
+    with objective.lock():
+        stored = study.user_attrs.get(SPACE_KEY)
+        if stored is None:
+            study.set_user_attr(SPACE_KEY, objective.space.to_dict())
+            return
+    space = SearchSpace.from_dict(stored)
+    theirs, ours = space.distributions(), objective.space.distributions()
+    if theirs != ours:
+        differing = sorted(name for name in theirs.keys() | ours.keys() if theirs.get(name) != ours.get(name))
+        raise ValueError(
+            f"Study {study.study_name!r} was made with another search space: parameter(s) {differing} "
+            "differ; give the study's scopes and nodes, or use another study name or cold_start."
+        )
+    objective.space = space
 
 
 def _narrowed_space(previous: optuna.Study, scopes: tuple[str, ...], targets: Targets) -> SearchSpace:

@@ -17,6 +17,7 @@ import yaml
 
 from optuna_quant.cli import main
 from optuna_quant.evaluate import Top1Accuracy
+from optuna_quant.objective import SPACE_KEY
 
 FAST_BENCHMARK = {"warmup": 2, "blocks": 3, "min_seconds": 0.03}
 CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
@@ -185,11 +186,23 @@ def test_fine_tune_then_best_of_the_fine_tune_study(tuned, capsys) -> None:
     assert main(["best", str(fine)]) == 0
     assert "Best trial " in capsys.readouterr().out
     ort.InferenceSession(str(tuned.with_name("fine.int8.onnx")), providers=["CPUExecutionProvider"])
-    # A worker joins the fine-tune study, on its narrowed space.
+    # A worker process joins the fine-tune study, on the space narrowed around the earlier best.
+    space = study.user_attrs[SPACE_KEY]
     fine.write_text(fine.read_text().replace("max_trials: 3", "max_trials: 4"))
-    assert main(["worker", str(fine)]) == 0
+    done = _run_cli("worker", str(fine), cwd=tuned.parent)
+    assert done.returncode == 0, done.stderr
+    assert "Trial iteration start: 4 / 4" in done.stderr
     study = _load(tuned.parent, "cli-fine_tune")
     assert len(study.trials) == 4 and set(study.trials[-1].params) == {"range_estimator"}
+    assert study.user_attrs[SPACE_KEY] == space
+    assert sum(1 for t in study.trials if t.user_attrs.get("reference")) == 1
+    # A worker whose scopes give other parameters is refused before it runs a trial.
+    other = fine.with_name("fine_mode.yaml")
+    other.write_text(fine.read_text().replace("[range_estimator]", "[range_estimator, mode]"))
+    capsys.readouterr()
+    assert main(["worker", str(other)]) == 2
+    assert "fine_mode.yaml: Study 'cli-fine_tune' was made with another search space" in capsys.readouterr().err
+    assert len(_load(tuned.parent, "cli-fine_tune").trials) == 4
 
 
 def test_report_command(tuned, tmp_path, capsys) -> None:

@@ -13,6 +13,7 @@ import yaml
 from optuna_quant.config import ConfigError
 from optuna_quant.config import load_config
 from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.storage import sqlite_file
 
 
 def _write(folder: Path, data: object, name: str = "run.yaml") -> Path:
@@ -80,11 +81,17 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch)
     assert config.get("eval_data") == [str(folder / "x.npy"), str(folder / "y.npy")]
     assert config.get("export") == str(folder / "out" / "best.onnx")
     assert config.storage == f"sqlite:///{folder}/runs.db"
-    assert config.sqlite_file == folder / "runs.db"
+    assert sqlite_file(config.storage) == folder / "runs.db"
     assert config.artifact_dir(optuna.storages.InMemoryStorage()) == folder / "models"
     assert load_config(_write(folder, {})).storage == f"sqlite:///{folder}/optuna_quant.db"
-    url = "postgresql://user@db/optuna"
-    assert load_config(_write(folder, {"storage": url})).storage == url
+    for url in ("postgresql://user@db/optuna", "sqlite:///:memory:", "sqlite:////abs/runs.db", "no-scheme"):
+        assert load_config(_write(folder, {"storage": url})).storage == url
+    # The file SQLAlchemy opens, in a folder whose name a URL must escape, options kept.
+    odd = tmp_path / "50% #1"
+    odd.mkdir()
+    storage = load_config(_write(odd, {"storage": "sqlite+pysqlite:///runs.db?timeout=30"})).storage
+    assert storage.startswith("sqlite+pysqlite:////") and storage.endswith("/runs.db?timeout=30")
+    assert sqlite_file(storage) == odd / "runs.db"
 
 
 def test_files_are_loaded_as_feeds_and_eval_data(tmp_path, cnn_path, calib) -> None:

@@ -23,6 +23,9 @@ import optuna
 import pytest
 
 from optuna_quant.cli import main
+from optuna_quant.dashboard import study_url
+from optuna_quant.storage import open_storage
+from optuna_quant.storage import StorageError
 from pg import free_port
 from test_cli import write_project
 
@@ -32,6 +35,19 @@ CHROMIUM = shutil.which("chromium")
 def _get_json(url: str) -> dict:
     with urlopen(url, timeout=30) as response:
         return json.load(response)
+
+
+def test_study_url_from_a_url_or_an_open_storage(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    optuna.create_study(study_name="first", storage=url)
+    study_id = optuna.create_study(study_name="second", storage=url)._study_id
+    page = f"http://0.0.0.0:9000/dashboard/studies/{study_id}"
+    assert study_url(url, "second", "0.0.0.0", 9000) == page
+    assert study_url(open_storage(url), "second", "0.0.0.0", 9000) == page
+    with pytest.raises(KeyError):
+        study_url(url, "missing")
+    with pytest.raises(StorageError, match="not a database URL"):
+        study_url("no-scheme-here", "second")
 
 
 @pytest.fixture(scope="module")

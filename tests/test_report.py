@@ -5,12 +5,16 @@ from __future__ import annotations
 import base64
 import re
 
+import numpy as np
 import optuna
 import pytest
 
 import optuna_quant as oq
+from optuna_quant.loss import Targets
+from optuna_quant.report import _running_best
 from optuna_quant.report import render_report
 from optuna_quant.report import write_report
+from optuna_quant.results import best_trial
 
 
 @pytest.mark.parametrize("objective_mode", ["loss", "pareto"])
@@ -40,3 +44,22 @@ def test_report_of_a_study_without_trials(tmp_path) -> None:
     study = optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path}/empty.db")
     with pytest.raises(ValueError, match="Study 'empty' has no recorded trial yet"):
         render_report(study)
+
+
+def test_running_best_is_the_best_of_every_prefix() -> None:
+    rng = np.random.default_rng(0)
+    # Few distinct values, so that ties (kept by the earlier trial) occur; the accuracy target is
+    # first missed by every trial, then met by some.
+    acc_losses = np.concatenate([rng.choice([0.02, 0.05], 10), rng.choice([0.0, 0.005, 0.02], 50)])
+    trials = [
+        optuna.trial.create_trial(
+            value=float(rng.choice([1.0, 2.0, 3.0])),
+            user_attrs={"acc_loss": float(acc_loss), "lat_diff": float(rng.choice([1.1, 1.5, 2.0]))},
+        )
+        for acc_loss in acc_losses
+    ]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    targets = Targets(accuracy_loss=1.0)
+    expected = [best_trial(trials[: i + 1], targets) for i in range(len(trials))]
+    assert [t.number for t in _running_best(trials, targets)] == [t.number for t in expected]

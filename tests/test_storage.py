@@ -14,6 +14,7 @@ import pytest
 import optuna_quant as oq
 from optuna_quant.artifacts import model_filename
 from optuna_quant.budget import counted_trials
+from optuna_quant.budget import RESERVED_KEY
 from optuna_quant.budget import reserve_trial
 from optuna_quant.claims import REFERENCE_CLAIM_KEY
 from optuna_quant.objective import FP32_ACCURACY_KEY
@@ -21,6 +22,7 @@ from optuna_quant.objective import SCALING_KEY
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import heartbeat_interval
 from optuna_quant.storage import open_storage
+from optuna_quant.storage import sqlite_file
 from optuna_quant.storage import StorageError
 from optuna_quant.storage import study_lock
 from pg import free_port
@@ -57,6 +59,18 @@ def test_heartbeat_only_for_database_servers(tmp_path) -> None:
     assert open_storage(memory) is memory
 
 
+def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:
+    assert sqlite_file(f"sqlite:///{tmp_path}/s.db") == tmp_path / "s.db"
+    assert sqlite_file("sqlite+pysqlite:///rel/s.db?timeout=5") == Path("rel/s.db")
+    assert sqlite_file(f"sqlite:///{tmp_path}/a%20b.db") == tmp_path / "a b.db"  # as SQLAlchemy opens it
+    for url in ("sqlite://", "sqlite:///:memory:", "postgresql://u:p@db/optuna", "no-scheme-here"):
+        assert sqlite_file(url) is None
+    assert sqlite_file(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s.db"
+    assert sqlite_file(optuna.storages.InMemoryStorage()) is None
+    with study_lock(open_storage(f"sqlite:///{tmp_path}/s.db"), "s")():
+        assert (tmp_path / "s.db.lock").is_file()
+
+
 def test_eval_of_a_missing_study_names_study_and_storage(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
     with pytest.raises(ValueError, match=r"No study 'nothing-here' in sqlite:///.*study\.db"):
         _study(tmp_path, cnn_path, calib, agreement, fast_bench, study_name="nothing-here", trials_load_method="eval")
@@ -68,9 +82,12 @@ def test_budget_counts_a_retried_trial_once_and_runs_queued_trials_first() -> No
     lock = study_lock(storage, study.study_name)
     study.add_trial(optuna.trial.create_trial(value=1.0))
     study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
+    # The retry copies the system attrs of the trial it replaces, a fresh reservation mark included.
+    failed_mark = [study.trials[1]._trial_id, time.time()]
     study.add_trial(
         optuna.trial.create_trial(
-            state=TrialState.WAITING, system_attrs={"failed_trial": 1, "retry_history": [1]}
+            state=TrialState.WAITING,
+            system_attrs={"failed_trial": 1, "retry_history": [1], RESERVED_KEY: failed_mark},
         )
     )
     assert counted_trials(study.trials, running_counts=True) == 2

@@ -137,6 +137,17 @@ def test_fine_tune_and_eval(tmp_path, cnn_path, calib, agreement, fast_bench) ->
         trials_load_method="fine_tune", scopes=["range_estimator"],
     )
     assert fine.study.study_name == "optuna-quant-fine_tune"
+    # A worker joining the fine-tune study, even before its first trial, runs on its narrowed space.
+    joined = _study(
+        tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
+        study_name="optuna-quant-fine_tune", trials_load_method="warm_start", scopes=["range_estimator"],
+    )
+    assert joined.objective.space == fine.objective.space
+    with pytest.raises(ValueError, match=r"another search space: parameter\(s\) \['mode'\] differ"):
+        _study(
+            tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
+            study_name="optuna-quant-fine_tune", trials_load_method="warm_start", scopes=["range_estimator", "mode"],
+        )
     fine.optimize(n_trials=3)
     for trial in fine.trials:
         assert set(trial.params) == {"range_estimator"}
