@@ -1,11 +1,12 @@
 """Worker scaling: trials per minute with 1 and 2 workers on one PostgreSQL study, side by side.
 
 Each worker is its own process running ``create_study(..., trials_load_method="warm_start")`` and
-``optimize`` on a shared study, with onnxruntime pinned to one thread. The model is a random-weight
-CNN (3x32x32 input, 32/64/64 channels) whose trial costs about a second here: quantization from
-cached ranges, a top-1 evaluation of 384 images and the paired latency timing. Rates are taken
-from the study's own timestamps, from the reference trial's end (when every worker can start) to
-the last trial's end, so process start-up is left out. The runs alternate (1, 2, 2, 1 workers) so
+``optimize`` on a shared study, with onnxruntime pinned to one thread. The model is the
+random-weight CNN of :mod:`examples.tiny_cnn` (3x32x32 input, 32/64/64 channels) whose trial costs
+about a second here: quantization from cached ranges, a top-1 evaluation of 384 images (agreement
+with fp32) and the paired latency timing. Rates are taken from the study's own timestamps, from
+the reference trial's end (when every worker can start) to the last trial's end, so process
+start-up is left out. The runs alternate (1, 2, 2, 1 workers) so
 that a change of load on the machine hits both sides. The CPU seconds the worker processes spent
 per trial (start-up included) show what sharing the study costs, whatever else runs on the machine.
 
@@ -33,63 +34,27 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-from onnx import helper  # noqa: E402
-from onnx import numpy_helper  # noqa: E402
-from onnx import TensorProto  # noqa: E402
-import onnxruntime as ort  # noqa: E402
 import optuna  # noqa: E402
 
+from examples.tiny_cnn import build_cnn  # noqa: E402
+from examples.tiny_cnn import calibration_data  # noqa: E402
+from examples.tiny_cnn import fp32_agreement  # noqa: E402
+import optuna_quant as oq  # noqa: E402
+
+CHANNELS = (32, 64, 64)
 SCOPES = ("layer", "granularity", "mode")  # Entropy calibration alone takes seconds: left out
 ORDER = (1, 2, 2, 1)
 
 
-def build_model(seed: int = 0) -> onnx.ModelProto:
-    """Conv(32)-Relu-Conv(64)-Relu-Conv(64)-Relu-GlobalAveragePool-Gemm(10), random weights."""
-    rng = np.random.default_rng(seed)
-    shapes = {"w1": (32, 3, 3, 3), "w2": (64, 32, 3, 3), "w3": (64, 64, 3, 3), "w4": (10, 64)}
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.15).astype(np.float32), n) for n, s in shapes.items()]
-    inits += [numpy_helper.from_array(np.zeros(s[0], np.float32), "b" + n[1]) for n, s in shapes.items()]
-    nodes, x = [], "input"
-    for i in (1, 2, 3):
-        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]))
-        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
-        x = f"r{i}"
-    nodes += [
-        helper.make_node("GlobalAveragePool", [x], ["gap"], name="gap"),
-        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
-        helper.make_node("Gemm", ["flat", "w4", "b4"], ["logits"], name="fc", transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "bench_cnn",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
 def work(storage: str, study_name: str, n_trials: int, seed: int) -> None:
     """One worker: tune the model on the shared study until it holds ``n_trials`` trials."""
-    import optuna_quant as oq
-
-    model = build_model()
-    rng = np.random.default_rng(1)
-    calib = [rng.random((1, 3, 32, 32), dtype=np.float32) for _ in range(16)]
-    inputs = np.random.default_rng(2).random((384, 3, 32, 32), dtype=np.float32)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    fp32 = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    labels = fp32.run(None, {"input": inputs})[0].argmax(axis=1)
+    model = build_cnn(channels=CHANNELS, image_size=32)
+    benchmark = oq.BenchmarkSettings(threads=1, warmup=3, blocks=5, min_seconds=0.5)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = oq.create_study(
         model,
-        calib,
-        eval_data=(inputs, labels),
+        calibration_data(model),
+        fp32_agreement(model, n=384, session_options=benchmark.session_options()),
         accuracy_loss=1.0,
         latency_reduce=100.0,  # out of reach: every worker runs its whole share
         sampler="tpe",
@@ -98,7 +63,7 @@ def work(storage: str, study_name: str, n_trials: int, seed: int) -> None:
         storage=storage,
         study_name=study_name,
         trials_load_method="warm_start",
-        benchmark=oq.BenchmarkSettings(threads=1, warmup=3, blocks=5, min_seconds=0.5),
+        benchmark=benchmark,
     )
     logging.getLogger("optuna_quant").setLevel(logging.WARNING)
     study.optimize(n_trials=n_trials)

@@ -3,10 +3,10 @@
 Small CNNs trained briefly lose almost nothing to int8, which leaves a tuner nothing to do. Real
 MobileNets are sensitive because some layers have very uneven per-channel ranges. The demo
 reproduces that with a function-preserving rescaling of one conv -> ReLU -> conv pair (the inverse
-of cross-layer equalisation, Nagel et al. 2019): output channel ``c`` of the first conv is scaled by
-``s_c`` and input channel ``c`` of the second by ``1 / s_c``. The fp32 model computes the same
-function (ReLU commutes with positive scales); per-tensor int8 activations between the two convs
-lose the small channels.
+of cross-layer equalisation, see :mod:`examples.channel_rescaling`): output channel ``c`` of the
+first conv is scaled by ``s_c`` and input channel ``c`` of the second by ``1 / s_c``. The fp32
+model computes the same function; per-tensor int8 activations between the two convs lose the small
+channels.
 
 Run it as a script to build and cache the model::
 
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from pathlib import Path
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
+
+if TYPE_CHECKING:
+    from torch import nn
 
 CACHE_DIR = Path(".cache") / "demo"
 MODEL_FILE = "mnist_cnn.onnx"
@@ -32,7 +34,7 @@ MODEL_FILE = "mnist_cnn.onnx"
 SPREAD = (0.002, 10.0)
 
 
-def train_cnn(data: MnistSplit, epochs: int = 3, seed: int = 0):
+def train_cnn(data: MnistSplit, epochs: int = 3, seed: int = 0) -> nn.Sequential:
     """Train the wide CNN (64/128/128/128 channels) for a few epochs on one or two threads."""
     import torch
     from torch import nn
@@ -60,7 +62,22 @@ def train_cnn(data: MnistSplit, epochs: int = 3, seed: int = 0):
     return model.eval()
 
 
-def export_onnx(model, path: Path) -> onnx.ModelProto:
+def sensitise(model: nn.Sequential, seed: int = 0) -> None:
+    """Rescale the conv 4 -> ReLU -> conv 6 pair of :func:`train_cnn`'s CNN, in place.
+
+    The scales are log-uniform over ``SPREAD``, drawn with numpy's generator seeded with ``seed``.
+    """
+    import torch
+
+    from examples.channel_rescaling import rescale_pair
+
+    producer, consumer = model[4], model[6]
+    low, high = np.log(SPREAD[0]), np.log(SPREAD[1])
+    draws = np.random.default_rng(seed).uniform(low, high, producer.out_channels)
+    rescale_pair(producer, consumer, torch.from_numpy(np.exp(draws).astype(np.float32)))
+
+
+def export_onnx(model: nn.Module, path: Path) -> None:
     """Export with the TorchScript exporter, which keeps readable node names at opset 17."""
     import torch
 
@@ -74,46 +91,18 @@ def export_onnx(model, path: Path) -> onnx.ModelProto:
         opset_version=17,
         dynamo=False,
     )
-    return onnx.load(str(path))
-
-
-def rescale_channels(
-    model: onnx.ModelProto, producer: str, consumer: str, spread: tuple[float, float], seed: int = 0
-) -> None:
-    """Scale ``producer``'s output channels and ``consumer``'s input channels inversely, in place.
-
-    Both nodes are Conv nodes with weights and (for the producer) a bias in the initializers, with
-    only ReLU between them, so the model's function is unchanged.
-    """
-    nodes = {n.name: n for n in model.graph.node}
-    inits = {i.name: i for i in model.graph.initializer}
-    weight_p, bias_p = nodes[producer].input[1], nodes[producer].input[2]
-    weight_c = nodes[consumer].input[1]
-    w_p, b_p, w_c = (numpy_helper.to_array(inits[n]) for n in (weight_p, bias_p, weight_c))
-    low, high = np.log(spread[0]), np.log(spread[1])
-    scales = np.exp(np.random.default_rng(seed).uniform(low, high, w_p.shape[0])).astype(np.float32)
-    updated = {
-        weight_p: w_p * scales[:, None, None, None],
-        bias_p: b_p * scales,
-        weight_c: w_c / scales[None, :, None, None],
-    }
-    for name, array in updated.items():
-        inits[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
 
 
 def build_demo_model(cache_dir: Path = CACHE_DIR) -> Path:
-    """Train, export and rescale the demo model, or return the cached one."""
+    """Train, rescale and export the demo model, or return the cached one."""
     path = cache_dir / MODEL_FILE
     if path.is_file():
         return path
     cache_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    trained = train_cnn(load_mnist())
-    raw = cache_dir / "mnist_cnn_trained.onnx"
-    model = export_onnx(trained, raw)
-    rescale_channels(model, "/4/Conv", "/6/Conv", SPREAD)
-    onnx.save(model, str(path))
-    raw.unlink()
+    model = train_cnn(load_mnist())
+    sensitise(model)
+    export_onnx(model, path)
     print(f"Trained and exported the demo model in {time.perf_counter() - start:.1f} s: {path}")
     return path
 

@@ -2,7 +2,7 @@
 
 1. The model: the demo's wide CNN (64/128/128/128 channels) trained on the 5,000 MNIST digits, made
    as sensitive to int8 as real MobileNets by the demo's function-preserving channel rescaling of
-   the conv 4 -> ReLU -> conv 6 pair (see :mod:`examples.demo_model`), done here on the torch
+   the conv 4 -> ReLU -> conv 6 pair (:func:`examples.demo_model.sensitise`), kept as a torch
    model so that it can be fine-tuned. The trained weights are cached in ``.cache/qat``.
 2. PTQ: an optuna-quant study over every all-int8 configuration (``range_estimator``,
    ``granularity``, ``mode``; no layer falls back to fp32, so the int8 speed-up is kept). Its best
@@ -31,14 +31,13 @@ from pathlib import Path
 import time
 import warnings
 
-import numpy as np
 import onnxruntime as ort
 import optuna
 import torch
 from torch import nn
 
 import optuna_quant as oq
-from examples.demo_model import SPREAD
+from examples.demo_model import sensitise
 from examples.demo_model import train_cnn
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
@@ -54,26 +53,7 @@ from optuna_quant.qat import quantize_modules
 
 CACHE_DIR = Path(".cache") / "qat"
 WEIGHTS_FILE = "mnist_cnn.pt"
-# Sequential indices of the rescaled pair: the third and fourth convolutions.
-PRODUCER, CONSUMER = 4, 6
 BATCH_SIZE = 64
-
-
-def rescale_pair(
-    producer: nn.Conv2d, consumer: nn.Conv2d, spread: tuple[float, float], seed: int = 0
-) -> None:
-    """Scale ``producer``'s output channels by ``s`` and ``consumer``'s input channels by ``1 / s``.
-
-    The scales are the demo's (same log-uniform draw), and with only a ReLU between the two
-    convolutions the model computes the same function.
-    """
-    low, high = np.log(spread[0]), np.log(spread[1])
-    draws = np.random.default_rng(seed).uniform(low, high, producer.out_channels)
-    scales = torch.from_numpy(np.exp(draws).astype(np.float32))
-    with torch.no_grad():
-        producer.weight.mul_(scales[:, None, None, None])
-        producer.bias.mul_(scales)
-        consumer.weight.div_(scales[None, :, None, None])
 
 
 def sensitive_cnn(data: MnistSplit, cache_dir: Path = CACHE_DIR) -> nn.Sequential:
@@ -88,7 +68,7 @@ def sensitive_cnn(data: MnistSplit, cache_dir: Path = CACHE_DIR) -> nn.Sequentia
         cache_dir.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
         print(f"Trained the CNN in {time.perf_counter() - start:.0f} s (cached in {path})")
-    rescale_pair(model[PRODUCER], model[CONSUMER], SPREAD)
+    sensitise(model)
     return model.eval()
 
 
@@ -142,7 +122,11 @@ def finetune_qat(model: nn.Module, data: MnistSplit, epochs: int, seed: int) -> 
 
 
 def measure_onnx(study: oq.QuantStudy, int8_model: object, seconds: float) -> Measurement:
-    """Measure an int8 ONNX model the way the study's objective measures a trial."""
+    """Measure an int8 ONNX model the way the study's objective measures a trial.
+
+    ``objective.measure`` cannot: it builds the model of a configuration of the search space with
+    the objective's own quantizer, and the QAT model is none.
+    """
     objective = study.objective
     fp32, int8 = (
         ort.InferenceSession(

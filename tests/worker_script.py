@@ -1,7 +1,7 @@
 """One worker of a shared study, run as its own OS process by the multi-worker tests.
 
-It tunes the tiny CNN of ``conftest.build_cnn`` with ``trials_load_method="warm_start"``, as
-``optuna-quant worker`` does on another machine.
+It tunes the tests' tiny CNN on its fixtures' data (:mod:`examples.tiny_cnn`) with
+``trials_load_method="warm_start"``, as ``optuna-quant worker`` does on another machine.
 
 Example:
     $ python tests/worker_script.py postgresql://... --study s --n-trials 12 --eval-sleep 0.3
@@ -15,12 +15,14 @@ import sys
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Run as a script, this file has tests/ on sys.path, not the checkout that holds examples/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from conftest import build_cnn  # noqa: E402
+from examples.tiny_cnn import build_cnn  # noqa: E402
+from examples.tiny_cnn import calibration_data  # noqa: E402
+from examples.tiny_cnn import fp32_agreement  # noqa: E402
 import optuna_quant as oq  # noqa: E402
 
 
@@ -39,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     model = build_cnn()
-    rng = np.random.default_rng(1)
-    calib = [rng.random((1, 3, 12, 12), dtype=np.float32) for _ in range(16)]
-    inputs = np.random.default_rng(2).random((200, 3, 12, 12), dtype=np.float32)
-    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    agreement = oq.Top1Accuracy(inputs, fp32.run(None, {"input": inputs})[0].argmax(axis=1))
+    agreement = fp32_agreement(model)
 
     def evaluate(session: ort.InferenceSession) -> float:
         time.sleep(args.eval_sleep)  # a trial long enough to be caught running
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     study = oq.create_study(
         model,
-        calib,
+        calibration_data(model),
         evaluate,
         accuracy_loss=args.accuracy_loss,
         latency_reduce=args.latency_reduce,

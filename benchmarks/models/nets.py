@@ -2,12 +2,9 @@
 
 Small models trained briefly on MNIST lose almost nothing in int8 (DESIGN.md section 7), so a table
 of them would not tell samplers apart. Real models are sensitive because some channels of a tensor
-span far wider ranges than the rest: MobileNet's depthwise outputs (uneven per-channel ranges) and
-the outlier features of large CNNs and transformers (a handful of channels a hundred times larger).
-Both are reproduced here exactly in fp32 by a function-preserving per-channel rescaling of a
-producer -> consumer pair across a ReLU, ``ReLU(s * x) = s * ReLU(x)`` for ``s > 0``: the producer's
-output channel ``c`` is multiplied by ``s_c`` and the consumer's input channel ``c`` divided by it.
-This is the inverse of cross-layer equalisation (Nagel et al. 2019); the fp32 outputs do not change.
+span far wider ranges than the rest; the scales here reproduce MobileNet's uneven per-channel
+ranges and the outlier features of large CNNs and transformers, applied by the function-preserving
+inverse cross-layer equalisation of :func:`examples.channel_rescaling.rescale_pair`.
 """
 
 from __future__ import annotations
@@ -16,8 +13,6 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-
-Layer = nn.Conv2d | nn.Linear
 
 
 def conv_bn(c_in: int, c_out: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
@@ -101,22 +96,6 @@ def fold_batchnorm(model: nn.Module) -> None:
         conv.weight.mul_(scale.reshape(-1, 1, 1, 1))
         conv.bias = nn.Parameter(bn.bias - bn.running_mean * scale)
         unit[1] = nn.Identity()
-
-
-@torch.no_grad()
-def rescale_pair(producer: Layer, consumer: Layer, scales: torch.Tensor) -> None:
-    """Multiply ``producer``'s output channels by ``scales`` and divide ``consumer``'s inputs by them.
-
-    Function-preserving when only a ReLU (or nothing) lies between them and every scale is positive.
-    """
-    if not bool((scales > 0).all()):
-        raise ValueError("Scales must be positive to commute with ReLU.")
-    shape = (-1,) + (1,) * (producer.weight.dim() - 1)
-    producer.weight.mul_(scales.reshape(shape))
-    producer.bias.mul_(scales)
-    if isinstance(consumer, nn.Conv2d) and consumer.groups > 1:
-        raise ValueError("A grouped consumer mixes no channels: rescale its producer instead.")
-    consumer.weight.div_(scales.reshape(1, -1, *(1,) * (consumer.weight.dim() - 2)))
 
 
 def log_uniform_scales(n: int, spread: float, generator: torch.Generator) -> torch.Tensor:

@@ -34,8 +34,8 @@ from benchmarks.models.nets import (  # noqa: E402
     fold_batchnorm,
     log_uniform_scales,
     outlier_scales,
-    rescale_pair,
 )
+from examples.channel_rescaling import rescale_pair  # noqa: E402
 from examples.mnist import MnistSplit, load_mnist  # noqa: E402
 from optuna_quant.torch_export import export_module  # noqa: E402
 
