@@ -14,8 +14,8 @@ Run::
 
     python benchmarks/bench_workers.py [--trials 30] [--storage postgresql://...]
 
-Without ``--storage`` a throwaway PostgreSQL server is started from Debian's binaries (as
-``tests/pg.py`` does).
+Without ``--storage`` a throwaway PostgreSQL server is started from Debian's binaries
+(:func:`optuna_quant.testing.postgres.postgres_server`, as for the tests).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
@@ -40,6 +40,7 @@ from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
 from examples.tiny_cnn import fp32_agreement  # noqa: E402
 import optuna_quant as oq  # noqa: E402
+from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 
 CHANNELS = (32, 64, 64)
 SCOPES = ("layer", "granularity", "mode")  # Entropy calibration alone takes seconds: left out
@@ -113,9 +114,7 @@ def main() -> None:
     with ExitStack() as stack:
         storage = args.storage
         if storage is None:
-            import pg
-
-            storage = stack.enter_context(pg.postgres_server())
+            storage = stack.enter_context(postgres_server())
         print(f"load average before: {os.getloadavg()}")
         rates: dict[int, list[float]] = {1: [], 2: []}
         for i, workers in enumerate(ORDER):

@@ -13,8 +13,8 @@
    first convolution frozen (``freeze_parameters``), then the weights written onto the int8 grid
    (``quant_weight_inplace``).
 4. ``export_qat`` gives a QDQ ONNX model; its accuracy, ``lat_diff`` and POT loss are measured by
-   the study's own objective (its ``eval_fn``, paired latency timing and loss scaling), next to a
-   fresh measurement of the PTQ best.
+   the study's own objective (``measure_model``: its ``eval_fn``, paired latency timing and loss
+   scaling), next to a fresh measurement of the PTQ best.
 
 Run (about 4 minutes on two busy cores the first time, training included; 2 minutes after)::
 
@@ -31,7 +31,6 @@ from pathlib import Path
 import time
 import warnings
 
-import onnxruntime as ort
 import optuna
 import torch
 from torch import nn
@@ -41,8 +40,6 @@ from examples.demo_model import sensitise
 from examples.demo_model import train_cnn
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
-from optuna_quant.latency import measure_latency
-from optuna_quant.loss import relative_accuracy_loss
 from optuna_quant.objective import Measurement
 from optuna_quant.qat import calibrate
 from optuna_quant.qat import export_qat
@@ -121,35 +118,6 @@ def finetune_qat(model: nn.Module, data: MnistSplit, epochs: int, seed: int) -> 
     return qat.eval()
 
 
-def measure_onnx(study: oq.QuantStudy, int8_model: object, seconds: float) -> Measurement:
-    """Measure an int8 ONNX model the way the study's objective measures a trial.
-
-    ``objective.measure`` cannot: it builds the model of a configuration of the search space with
-    the objective's own quantizer, and the QAT model is none.
-    """
-    objective = study.objective
-    fp32, int8 = (
-        ort.InferenceSession(
-            model.SerializeToString(),
-            objective.benchmark.session_options(),
-            providers=["CPUExecutionProvider"],
-        )
-        for model in (objective.model, int8_model)
-    )
-    start = time.perf_counter()
-    accuracy = objective.eval_fn(int8)
-    evaluated = time.perf_counter()
-    latency = measure_latency(fp32, int8, objective.latency_feed, objective.benchmark)
-    return Measurement(
-        accuracy=accuracy,
-        acc_loss=relative_accuracy_loss(objective.baseline(), accuracy),
-        latency=latency,
-        quantize_seconds=seconds,
-        eval_seconds=evaluated - start,
-        latency_seconds=time.perf_counter() - evaluated,
-    )
-
-
 def row(name: str, m: Measurement, study: oq.QuantStudy) -> str:
     missed = study.targets.missed(m.acc_loss, m.lat_diff)
     verdict = "targets met" if not missed else "misses " + " and ".join(missed)
@@ -198,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # Both measured now, side by side, so that they share the machine's current load.
     ptq_measurement = study.objective.measure(best.params)
-    qat_measurement = measure_onnx(study, qat_onnx, qat_seconds)
+    qat_measurement = study.objective.measure_model(qat_onnx, quantize_seconds=qat_seconds)
     print()
     print(f"fp32       accuracy {study.objective.baseline():.4f}")
     print(row("PTQ best", ptq_measurement, study))

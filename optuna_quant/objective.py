@@ -213,11 +213,34 @@ class QuantizationObjective:
             ValueError: If ``params`` do not describe a configuration of the space.
             RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
         """
-        fp32_accuracy = self.baseline()
         config = self.space.to_config(params)
         start = time.perf_counter()
-        int8 = self._session(self.quantizer.quantize(config))
-        quantized = time.perf_counter()
+        int8_model = self.quantizer.quantize(config)
+        return self.measure_model(int8_model, quantize_seconds=time.perf_counter() - start)
+
+    def measure_model(self, int8_model: onnx.ModelProto, *, quantize_seconds: float = 0.0) -> Measurement:
+        """Evaluate and time a ready int8 model exactly as :meth:`measure` does a configuration.
+
+        For a model that is no configuration of the search space, such as a QAT export: the same
+        ``eval_fn``, fp32 baseline and paired latency timing make its figures comparable with
+        the trials', and :meth:`loss` gives its POT loss.
+
+        Args:
+            int8_model: The quantized model; it takes the same inputs as the fp32 model.
+            quantize_seconds: Time already spent building ``int8_model``. Creating its
+                onnxruntime session is added, as it is for a configuration.
+
+        Raises:
+            RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
+
+        Example:
+            >>> qat_onnx = export_qat(qat, torch.zeros(1, 1, 28, 28))   # doctest: +SKIP
+            >>> objective.measure_model(qat_onnx).acc_loss              # doctest: +SKIP
+        """
+        fp32_accuracy = self.baseline()
+        start = time.perf_counter()
+        int8 = self._session(int8_model)
+        built = time.perf_counter()
         accuracy = self._evaluate(int8, "int8")
         evaluated = time.perf_counter()
         latency = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
@@ -225,8 +248,8 @@ class QuantizationObjective:
             accuracy=accuracy,
             acc_loss=relative_accuracy_loss(fp32_accuracy, accuracy),
             latency=latency,
-            quantize_seconds=quantized - start,
-            eval_seconds=evaluated - quantized,
+            quantize_seconds=quantize_seconds + built - start,
+            eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
         )
 

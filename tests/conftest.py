@@ -1,7 +1,11 @@
-"""Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings."""
+"""Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings.
+
+``postgres_url`` is a throwaway PostgreSQL database (:mod:`optuna_quant.testing.postgres`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,9 @@ from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.testing.postgres import NO_BINARIES
+from optuna_quant.testing.postgres import pg_bindir
+from optuna_quant.testing.postgres import postgres_server
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +48,12 @@ def agreement(cnn: onnx.ModelProto) -> Top1Accuracy:
 @pytest.fixture(scope="session")
 def fast_bench() -> BenchmarkSettings:
     return BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03)
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database, removed with its server after the module."""
+    if pg_bindir() is None:
+        pytest.skip(NO_BINARIES)
+    with postgres_server() as url:
+        yield url

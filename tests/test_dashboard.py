@@ -26,7 +26,7 @@ from optuna_quant.cli import main
 from optuna_quant.dashboard import study_url
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import StorageError
-from pg import free_port
+from optuna_quant.testing.postgres import free_port
 from test_cli import write_project
 
 CHROMIUM = shutil.which("chromium")

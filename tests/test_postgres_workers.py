@@ -27,7 +27,6 @@ from optuna_quant.budget import counted_trials
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.objective import WORKER_KEY
 from optuna_quant.stopping import target_reached
-from pg import postgres_url  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.postgres
 

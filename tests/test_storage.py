@@ -25,7 +25,7 @@ from optuna_quant.storage import open_storage
 from optuna_quant.storage import sqlite_file
 from optuna_quant.storage import StorageError
 from optuna_quant.storage import study_lock
-from pg import free_port
+from optuna_quant.testing.postgres import free_port
 
 
 def _study(tmp_path: Path, cnn_path, calib, agreement, fast_bench, **kwargs) -> oq.QuantStudy:

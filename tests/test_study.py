@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import optuna
@@ -178,3 +179,18 @@ def test_objective_on_a_plain_optuna_study(cnn_path, calib, agreement, fast_benc
     study.optimize(objective, n_trials=2)
     assert len(study.trials) == 3  # the reference was recorded beside the two trials
     assert sum(1 for t in study.trials if t.user_attrs.get("reference")) == 1
+
+
+def test_measure_model_measures_a_ready_model_as_measure_does(cnn, calib, fast_bench) -> None:
+    inputs = np.concatenate(calib)
+
+    def mean_abs_logit(session):
+        # Continuous, so int8 rounding moves it: top-1 agreement would give acc_loss 0 for both.
+        return float(np.abs(session.run(None, {"input": inputs})[0]).mean())
+
+    objective = oq.QuantizationObjective(cnn, calib, mean_abs_logit, benchmark=fast_bench)
+    params = objective.space.default_params()
+    int8_model = objective.quantizer.quantize(objective.space.to_config(params))
+    measured = objective.measure(params)
+    assert measured.acc_loss != 0
+    assert objective.measure_model(int8_model).acc_loss == measured.acc_loss

@@ -1,13 +1,13 @@
-"""A throwaway PostgreSQL server for the tests, started from Debian's binaries in a temp folder.
+"""A throwaway PostgreSQL server, started from Debian's binaries in a temp folder.
 
-The server listens on a free local port and runs as the ``postgres`` user when the tests run as
-root (``initdb`` refuses root). Tests that need it skip, with a reason, only when no PostgreSQL
-binaries are installed; any other failure to start it is an error. ``postgres_server`` serves
-the benchmarks too.
+The server listens on a free local port and runs as the ``postgres`` user when the caller is root
+(``initdb`` refuses root). It serves the tests' ``postgres_url`` fixture, which skips with
+:data:`NO_BINARIES` as its reason only when no PostgreSQL binaries are installed (any other
+failure to start the server is an error), and ``benchmarks/bench_workers.py``.
 
-Example (a test module):
-    >>> from pg import postgres_url  # noqa: F401   (the fixture)   # doctest: +SKIP
-    >>> def test_something(postgres_url): ...                        # doctest: +SKIP
+Example:
+    >>> with postgres_server() as url:   # doctest: +SKIP
+    ...     study = optuna.create_study(storage=url)
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-
-import pytest
 
 DATABASE = "optuna_quant"
 USER = "quant"
@@ -87,11 +85,3 @@ def postgres_server() -> Iterator[str]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """The URL of a fresh PostgreSQL database, removed with its server after the module."""
-    if pg_bindir() is None:
-        pytest.skip(NO_BINARIES)
-    with postgres_server() as url:
-        yield url
