@@ -17,6 +17,11 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
+``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
+success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
+GPSampler, whose trials cost seconds late in a study, becomes affordable over many seeds; the best
+``lat_diff`` and the loss curves need whole studies, so they are left out of such a run.
+
 Metrics per sampler and table, over the seeds:
 
 - trials-to-target: 1-based index of the first trial that meets both targets, ``budget + 1`` if
@@ -106,6 +111,11 @@ class Replay:
         finally:
             self._objective_seconds += time.perf_counter() - start
 
+    @property
+    def target_met(self) -> bool:
+        """Whether the last recorded trial meets both targets."""
+        return bool(self.trace.keys) and self.table.target.met(self.trace.acc_loss[-1], self.trace.lat_diff[-1])
+
     def evaluate(self, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """Look a configuration up and record it; returns its row and POT's loss."""
         row = self.table.lookup(params)
@@ -139,8 +149,10 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
-def run_optuna(factory: SamplerFactory, table: Table, seed: int, budget: int, constraints: bool) -> Trace:
-    """One Optuna study of ``budget`` trials on the table."""
+def run_optuna(
+    factory: SamplerFactory, table: Table, seed: int, budget: int, constraints: bool, stop_at_target: bool = False
+) -> Trace:
+    """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target)."""
     replay = Replay(table)
     target = table.target
 
@@ -153,6 +165,8 @@ def run_optuna(factory: SamplerFactory, table: Table, seed: int, budget: int, co
             if constraints:
                 trial.set_constraint("accuracy", row["acc_loss"] - target.acc_th)
                 trial.set_constraint("latency", target.lat_th - row["lat_diff"])
+        if stop_at_target and replay.target_met:
+            trial.study.stop()
         return loss
 
     start = time.perf_counter()
@@ -166,7 +180,7 @@ def smallest_choice_count(table: Table) -> int:
     return min(len(choices) for choices in table.params.values() if len(choices) > 1)
 
 
-def run_hyperopt(table: Table, seed: int, budget: int) -> Trace:
+def run_hyperopt(table: Table, seed: int, budget: int, stop_at_target: bool = False) -> Trace:
     """One hyperopt ``fmin`` run with POT's TPE settings on the table."""
     import hyperopt
 
@@ -194,6 +208,7 @@ def run_hyperopt(table: Table, seed: int, budget: int) -> Trace:
         trials=hyperopt.Trials(),
         rstate=np.random.default_rng(seed),
         show_progressbar=False,
+        early_stop_fn=(lambda trials, *state: (replay.target_met, state)) if stop_at_target else None,
     )
     return replay.finish(time.perf_counter() - start)
 
@@ -208,6 +223,7 @@ class Task:
     seed: int
     budget: int
     constraints: bool
+    stop_at_target: bool = False
 
 
 @lru_cache(maxsize=None)
@@ -222,8 +238,8 @@ def run_task(task: Task) -> Trace:
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     table = load_table(task.table_path)
     if task.spec == HYPEROPT_TPE:
-        return run_hyperopt(table, task.seed, task.budget)
-    return run_optuna(resolve(task.spec), table, task.seed, task.budget, task.constraints)
+        return run_hyperopt(table, task.seed, task.budget, task.stop_at_target)
+    return run_optuna(resolve(task.spec), table, task.seed, task.budget, task.constraints, task.stop_at_target)
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -274,25 +290,33 @@ def quartiles(values: Sequence[float] | np.ndarray, axis: int | None = None) -> 
     return np.percentile(np.asarray(values, dtype=float), [25, 50, 75], axis=axis)
 
 
-def summarise(traces: Sequence[Trace], table: Table, budget: int) -> dict[str, Any]:
-    """The metrics of one sampler on one table over its seeds."""
+def summarise(traces: Sequence[Trace], table: Table, budget: int, stopped: bool = False) -> dict[str, Any]:
+    """The metrics of one sampler on one table over its seeds.
+
+    ``stopped``: the studies ended at their target, so that the whole-study metrics (best
+    ``lat_diff`` at the checkpoints, the loss curve) are ``None``.
+    """
     hits = [trials_to_target(trace, table, budget) for trace in traces]
     q25, median, q75 = quartiles(hits)
     duplicates = [count_duplicates(trace.keys, table.size) for trace in traces]
     sampler_ms = [1000.0 * trace.sampler_seconds / len(trace.keys) for trace in traces]
-    curves = quartiles([np.minimum.accumulate(trace.loss) for trace in traces], axis=0)
-    return {
+    summary: dict[str, Any] = {
         "seeds": len(traces),
         "trials_to_target": {"median": median, "q25": q25, "q75": q75, "per_seed": hits},
         "success_rate": float(np.mean([hit <= budget for hit in hits])),
-        "best_lat_diff": {
-            str(n): median_missing_worst([best_feasible_lat_diff(t, table, n) for t in traces])
-            for n in checkpoints(budget)
-        },
+        "best_lat_diff": None,
         "duplicates": {"median": float(np.median(duplicates)), "per_seed": duplicates},
         "sampler_ms_per_trial": float(np.median(sampler_ms)),
-        "best_loss_curve": {"q25": curves[0].tolist(), "median": curves[1].tolist(), "q75": curves[2].tolist()},
+        "best_loss_curve": None,
     }
+    if not stopped:
+        curves = quartiles([np.minimum.accumulate(trace.loss) for trace in traces], axis=0)
+        summary["best_lat_diff"] = {
+            str(n): median_missing_worst([best_feasible_lat_diff(t, table, n) for t in traces])
+            for n in checkpoints(budget)
+        }
+        summary["best_loss_curve"] = {k: c.tolist() for k, c in zip(("q25", "median", "q75"), curves)}
+    return summary
 
 
 # ---- reporting -----------------------------------------------------------------------------
@@ -312,7 +336,7 @@ def format_table(table: Table, results: dict[str, dict[str, Any]], budget: int) 
     ]
     for name, r in results.items():
         ttt = r["trials_to_target"]
-        lats = [r["best_lat_diff"][n] for n in counts]
+        lats = [None if r["best_lat_diff"] is None else r["best_lat_diff"][n] for n in counts]
         cells = [
             name,
             str(r["seeds"]),
@@ -333,8 +357,11 @@ def plot_table(table: Table, results: dict[str, dict[str, Any]], path: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = {name: r for name, r in results.items() if r["best_loss_curve"] is not None}
+    if not curves:
+        return  # every run stopped at its target: no curves to draw
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in results.items():
+    for name, r in curves.items():
         curve = r["best_loss_curve"]
         x = np.arange(1, len(curve["median"]) + 1)
         (line,) = ax.plot(x, curve["median"], label=f"{name} ({r['seeds']} seeds)")
@@ -373,6 +400,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="report both targets as trial constraints to Optuna samplers",
+    )
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="end each study at its first trial that meets both targets (no best lat_diff or curves)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
@@ -418,7 +450,7 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
     paths = table_paths(args.tables)
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [
-        Task(name, spec, str(path), seed, args.budget, args.constraints)
+        Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target)
         for path in paths
         for name, spec in samplers.items()
         for seed in seeds
@@ -431,6 +463,7 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         "budget": args.budget,
         "seeds": list(seeds),
         "constraints": args.constraints,
+        "stop_at_target": args.stop_at_target,
         "skipped": skipped,
         "tables": {},
     }
@@ -440,7 +473,10 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
             "size": table.size,
             "feasible_fraction": table.feasible_fraction,
             "best_lat_diff": table.best_lat_diff,
-            "samplers": {name: summarise([next(traces) for _ in seeds], table, args.budget) for name in samplers},
+            "samplers": {
+                name: summarise([next(traces) for _ in seeds], table, args.budget, args.stop_at_target)
+                for name in samplers
+            },
         }
     return report
 

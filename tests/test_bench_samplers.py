@@ -141,6 +141,20 @@ def test_runners_are_seeded_and_spend_every_trial(tiny: Table, tmp_path: Path, s
     assert first.sampler_seconds > 0
 
 
+@pytest.mark.parametrize("spec", ["optuna.samplers:RandomSampler", HYPEROPT_TPE])
+def test_stop_at_target_ends_each_study_at_its_first_hit(tiny: Table, tmp_path: Path, spec: str) -> None:
+    path = tmp_path / "tiny.json"
+    tiny.save(path)
+    whole = run_task(Task("s", spec, str(path), seed=3, budget=12, constraints=True))
+    stopped = run_task(Task("s", spec, str(path), seed=3, budget=12, constraints=True, stop_at_target=True))
+    hit = trials_to_target(whole, tiny, 12)
+    assert hit <= 12  # two of six configurations meet both targets
+    assert stopped.keys == whole.keys[:hit]  # the same study, cut after its first hit
+    summary = summarise([stopped], tiny, 12, stopped=True)
+    assert summary["trials_to_target"]["per_seed"] == [hit]
+    assert summary["best_lat_diff"] is None and summary["best_loss_curve"] is None
+
+
 def test_synthetic_table_is_committed_up_to_date() -> None:
     committed = Table.load(TABLES_DIR / "synthetic_interactions.json")
     made = synthetic_table()
