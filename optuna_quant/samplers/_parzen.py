@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 import math
 from typing import NamedTuple
@@ -148,7 +149,7 @@ def gaussian_kernels(x: np.ndarray, dim: NumericDim) -> tuple[np.ndarray, np.nda
     return np.append(u, prior_mu), np.append(sigmas, width)
 
 
-class _Parzen:
+class _Parzen(abc.ABC):
     """What both estimators share: the parameters split by kind, the mixture weights (one per
     observation, the prior's last) and each numeric parameter's Gaussians."""
 
@@ -170,6 +171,11 @@ class _Parzen:
         self._gaussians = [
             gaussian_kernels(self._observations[:, j], dims[j]) for j in self._num
         ]
+        self._fit_categoricals(np.asarray(weights, dtype=float), prior_weight)
+
+    @abc.abstractmethod
+    def _fit_categoricals(self, weights: np.ndarray, prior_weight: float) -> None:
+        """Model the categorical parameters (``self._cat``) of the observations."""
 
 
 class UnivariateParzen(_Parzen):
@@ -188,18 +194,11 @@ class UnivariateParzen(_Parzen):
         [0.5, 0.333, 0.167]
     """
 
-    def __init__(
-        self,
-        observations: np.ndarray,
-        dims: Sequence[Dim],
-        weights: np.ndarray,
-        prior_weight: float,
-    ) -> None:
-        super().__init__(observations, dims, weights, prior_weight)
+    def _fit_categoricals(self, weights: np.ndarray, prior_weight: float) -> None:
         self._cat_log_probs = _categorical_log_probs(
             self._observations[:, self._cat].astype(np.int64),
-            np.array([dims[j].n_choices for j in self._cat], dtype=np.int64),
-            np.asarray(weights, dtype=float),
+            np.array([self._dims[j].n_choices for j in self._cat], dtype=np.int64),
+            weights,
             prior_weight,
         )
 
@@ -247,16 +246,9 @@ class MultivariateParzen(_Parzen):
         0.40625
     """
 
-    def __init__(
-        self,
-        observations: np.ndarray,
-        dims: Sequence[Dim],
-        weights: np.ndarray,
-        prior_weight: float,
-    ) -> None:
-        super().__init__(observations, dims, weights, prior_weight)
+    def _fit_categoricals(self, weights: np.ndarray, prior_weight: float) -> None:
         n = len(self._observations)
-        n_choices = np.array([dims[j].n_choices for j in self._cat], dtype=np.int64)
+        n_choices = np.array([self._dims[j].n_choices for j in self._cat], dtype=np.int64)
         max_choices = int(n_choices.max()) if len(n_choices) else 1
         valid = np.arange(max_choices)[None, :] < n_choices[:, None]
         smoothing = prior_weight / (n + 1)
