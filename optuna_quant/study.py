@@ -366,7 +366,7 @@ def create_study(
         study = _load_or_none(name, storage_obj, sampler_obj)
         if study is None:
             raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
-        objective.space = SearchSpace.from_dict(study.user_attrs[SPACE_KEY])
+        objective.space = _stored_space(study)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
     if trials_load_method == "warm_start":
         if _load_or_none(name, storage_obj) is None:
@@ -431,8 +431,23 @@ def _share_space(study: optuna.Study, objective: QuantizationObjective) -> None:
     objective.space = space
 
 
+def _stored_space(study: optuna.Study) -> SearchSpace:
+    """The search space that ``create_study`` stored with ``study``.
+
+    Raises:
+        ValueError: If the study holds none, as a study made outside optuna-quant does not.
+    """
+    stored = study.user_attrs.get(SPACE_KEY)
+    if stored is None:
+        raise ValueError(
+            f"Study {study.study_name!r} holds no optuna-quant search space (user attr {SPACE_KEY!r}); "
+            "it was not made by optuna_quant.create_study."
+        )
+    return SearchSpace.from_dict(stored)
+
+
 def _narrowed_space(previous: optuna.Study, scopes: tuple[str, ...], targets: Targets) -> SearchSpace:
-    space = SearchSpace.from_dict(previous.user_attrs[SPACE_KEY])
+    space = _stored_space(previous)
     best = best_trial(previous.get_trials(deepcopy=False), targets)
     if best is None:
         raise ValueError(f"Study {previous.study_name!r} has no completed trial to fine-tune around.")

@@ -194,3 +194,9 @@ def test_measure_model_measures_a_ready_model_as_measure_does(cnn, calib, fast_b
     measured = objective.measure(params)
     assert measured.acc_loss != 0
     assert objective.measure_model(int8_model).acc_loss == measured.acc_loss
+
+
+def test_eval_of_a_study_made_outside_optuna_quant_is_refused(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path}/study.db")
+    with pytest.raises(ValueError, match=r"Study 'plain' holds no optuna-quant search space"):
+        _study(tmp_path, cnn_path, calib, agreement, fast_bench, study_name="plain", trials_load_method="eval")
