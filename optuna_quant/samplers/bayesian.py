@@ -718,6 +718,8 @@ def _warp(values: np.ndarray, centre: float) -> np.ndarray:
 # -- DiscreteGPSampler --------------------------------------------------------------------------
 
 _CLAIM_KEY = "discrete_gp:claim"
+# Choices per trial before one that other workers also claimed is kept all the same.
+_CLAIM_ATTEMPTS = 8
 
 
 class DiscreteGPSampler(BaseSampler):
@@ -736,7 +738,10 @@ class DiscreteGPSampler(BaseSampler):
     - a configuration already evaluated, failed, pruned or running is never suggested while
       others remain. Running trials also enter the models (kriging believer), and each choice is
       claimed in the trial's system attributes and checked against concurrent claims, so that
-      parallel workers sharing a storage do not evaluate the same configuration.
+      parallel workers sharing a storage do not evaluate the same configuration. Two workers
+      that claim the same configuration at once both choose again; after two such clashes a
+      trial draws an unseen configuration at random, seeded by its number, since workers with
+      the same data (and seed) would otherwise keep choosing alike.
 
     Parameters outside the shared search space are sampled at random. Failed and pruned trials are
     not modelled (their outcome says little about the value) but are never repeated. The search
@@ -824,8 +829,14 @@ class DiscreteGPSampler(BaseSampler):
         if len(seen) >= space.size:
             return {}  # Every configuration has been tried: a repeat is unavoidable.
         pending = np.vstack([history.running, np.array(claimed, np.int64).reshape(-1, space.dim)])
-        for _ in range(5):
-            config = self._choose(study, space, history, pending, seen)
+        for attempt in range(_CLAIM_ATTEMPTS):
+            if attempt < 2:
+                config = self._choose(study, space, history, pending, seen)
+            else:
+                # Workers with the same data (and often the same seed) make the same choices, so
+                # a clash repeats: after two, part ways at random, drawn per trial number.
+                rng = np.random.RandomState([trial.number, attempt])
+                config = space.random_unseen(rng, seen)
             if not _claim_is_contested(study, trial, space, config):
                 break
             seen.add(config)
