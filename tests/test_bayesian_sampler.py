@@ -358,7 +358,13 @@ def test_sampler_samples_parameters_outside_the_shared_space_at_random() -> None
     study = optuna.create_study(sampler=DiscreteGPSampler(seed=0))
     study.optimize(objective, n_trials=4)
     assert sorted(t.params["x"] for t in study.trials) == [0, 1, 2, 3]
-    assert all(t.params.get("extra", "a") in {"a", "b"} for t in study.trials)
+    assert ["extra" in t.params for t in study.trials] == [t.params["x"] == 0 for t in study.trials]
+    extras = set()
+    for seed in range(6):
+        other = optuna.create_study(sampler=DiscreteGPSampler(seed=seed))
+        other.optimize(objective, n_trials=4)
+        extras |= {t.params["extra"] for t in other.trials if t.params["x"] == 0}
+    assert extras == {"a", "b"}
 
 
 def test_sampler_reseed_changes_the_sequence() -> None:

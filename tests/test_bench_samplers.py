@@ -176,7 +176,10 @@ def test_random_replay_on_synthetic_table(tmp_path: Path) -> None:
     # The report summarises the studies of seeds 0 and 1 (the metrics are checked by hand above).
     path = str(TABLES_DIR / "synthetic_interactions.json")
     replayed = [run_task(Task("random", BASELINES["random"], path, seed, 20, constraints=True)) for seed in (0, 1)]
-    expected = summarise(replayed, Table.load(path), 20)
+    assert [len(t.keys) for t in replayed] == [20, 20]
+    table = Table.load(path)
+    assert result["duplicates"]["per_seed"] == [count_duplicates(t.keys, table.size) for t in replayed]
+    expected = summarise(replayed, table, 20)
     for summary in (result, expected):
         del summary["sampler_ms_per_trial"]  # wall-clock time differs between runs
     assert result == expected

@@ -211,7 +211,10 @@ def run_onnx(onnx_model: object, x: np.ndarray, optimize: bool = True) -> np.nda
 def test_export_qat_gives_a_qdq_model_that_onnxruntime_runs(tmp_path) -> None:
     model, x = calibrated_cnn()
     path = tmp_path / "qat.onnx"
+    model.train()  # export runs in eval mode and must give the training mode back
     onnx_model = export_qat(model, x[:2], path)
+    assert model.training is True
+    model.eval()
     assert path.exists()
     assert onnx_model.opset_import[0].version == 18
     ops = Counter(node.op_type for node in onnx_model.graph.node)
@@ -238,7 +241,6 @@ def test_export_qat_gives_a_qdq_model_that_onnxruntime_runs(tmp_path) -> None:
     assert np.allclose(run_onnx(onnx_model, x.numpy(), optimize=False), expected, atol=1e-5)
     # ... with them it fuses QDQ into int8 kernels, which round intermediate results.
     assert np.abs(run_onnx(onnx_model, x.numpy()) - expected).max() < 0.02 * np.abs(expected).max()
-    assert model.training is False
 
 
 def test_export_qat_refuses_uncalibrated_or_calibrating_quantizers() -> None:

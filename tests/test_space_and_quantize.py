@@ -83,15 +83,19 @@ def test_fallback_node_stays_fp32(quantizer, calib) -> None:
     assert session.run(None, {"input": calib[0]})[0].shape == (1, 10)
 
 
-def test_calibration_runs_once_per_family(quantizer) -> None:
+def test_calibration_runs_once_per_family(quantizer, monkeypatch) -> None:
     quantizer.quantize(QuantConfig(range_estimator="percentile_99.9"))
     after_first = dict(quantizer.calibration_seconds)
     quantizer.quantize(QuantConfig(range_estimator="percentile_99.9", per_channel=False, symmetric=False))
     quantizer.quantize(QuantConfig(range_estimator="percentile_99.9", fallback=frozenset({"conv1"})))
     assert quantizer.calibration_seconds == after_first
     # A new percentile reuses the histogram: it adds compute time but no second collection pass.
+    passes, collect = [], quantizer.calibration_reader
+    monkeypatch.setattr(quantizer, "calibration_reader", lambda: passes.append(1) or collect())
     quantizer.quantize(QuantConfig(range_estimator="percentile_99.999"))
+    assert passes == []
     assert set(quantizer.calibration_seconds) == set(after_first)
+    assert quantizer.calibration_seconds["Percentile"] > after_first["Percentile"]
 
 
 def test_every_range_estimator_gives_its_own_ranges(quantizer) -> None:
