@@ -163,8 +163,8 @@ def run_optuna(
             trial.set_user_attr("acc_loss", row["acc_loss"])
             trial.set_user_attr("lat_diff", row["lat_diff"])
             if constraints:
-                trial.set_constraint("accuracy", row["acc_loss"] - target.acc_th)
-                trial.set_constraint("latency", target.lat_th - row["lat_diff"])
+                for name, value in target.constraints(row["acc_loss"], row["lat_diff"]).items():
+                    trial.set_constraint(name, value)
         if stop_at_target and replay.target_met:
             trial.study.stop()
         return loss

@@ -73,6 +73,15 @@ class Targets:
         """Whether both targets are met."""
         return self.accuracy_met(acc_loss) and lat_diff >= self.lat_th
 
+    def constraints(self, acc_loss: float, lat_diff: float) -> dict[str, float]:
+        """Both targets as Optuna constraints, met where ``<= 0``.
+
+        Example:
+            >>> Targets(accuracy_loss=1.0, latency_reduce=2.0).constraints(0.005, 2.5)
+            {'accuracy': -0.005, 'latency': -0.5}
+        """
+        return {"accuracy": acc_loss - self.acc_th, "latency": self.lat_th - lat_diff}
+
     def missed(self, acc_loss: float, lat_diff: float) -> list[str]:
         """Names of the targets that a result misses, in POT's order (accuracy first)."""
         misses = []

@@ -62,6 +62,7 @@ _logger = logging.getLogger("optuna_quant")
 FP32_ACCURACY_KEY = "fp32_accuracy"
 FP32_LATENCY_KEY = "fp32_latency_ms"
 SCALING_KEY = "loss_scaling"
+REFERENCE_KEY = "reference"
 SPACE_KEY = "search_space"
 TARGETS_KEY = "targets"
 MODEL_KEY = "model_sha256"
@@ -183,16 +184,16 @@ class QuantizationObjective:
             )
         self.latency_feed = batch_of(feeds, self.benchmark.batch_size)
         self.quantizer = Quantizer(self.model, feeds)
-        self.model_sha256 = hashlib.sha256(self.model.SerializeToString()).hexdigest()
-        self._fp32_session = self._session(self.model)
+        serialized = self.model.SerializeToString()  # once: large models take seconds
+        self.model_sha256 = hashlib.sha256(serialized).hexdigest()
+        self._fp32_session = self._session(serialized)
         self.scaling: LossScaling | None = None
         self.max_trials: int | None = None
         self.started = time.perf_counter()
 
-    def _session(self, model: onnx.ModelProto) -> ort.InferenceSession:
-        return ort.InferenceSession(
-            model.SerializeToString(), self.benchmark.session_options(), providers=["CPUExecutionProvider"]
-        )
+    def _session(self, model: onnx.ModelProto | bytes) -> ort.InferenceSession:
+        serialized = model if isinstance(model, bytes) else model.SerializeToString()
+        return ort.InferenceSession(serialized, self.benchmark.session_options(), providers=["CPUExecutionProvider"])
 
     def _evaluate(self, session: ort.InferenceSession, what: str) -> float:
         kwargs = {} if self.eval_subset_size is None else {"subset_size": self.eval_subset_size}
@@ -321,8 +322,8 @@ class QuantizationObjective:
                 params=params,
                 distributions=self.space.distributions(),
                 values=self._values(reference.acc_loss, reference.lat_diff, loss),
-                user_attrs={**reference.user_attrs(), "loss": loss, WORKER_KEY: WORKER, "reference": True},
-                system_attrs={f"constraints:{k}": v for k, v in self._constraints(reference).items()},
+                user_attrs={**reference.user_attrs(), "loss": loss, WORKER_KEY: WORKER, REFERENCE_KEY: True},
+                constraints=self._constraints(reference),
             )
         )
         # The scaling is written last: other workers start as soon as it appears.
@@ -341,10 +342,7 @@ class QuantizationObjective:
         return [acc_loss, lat_diff] if self.objective_mode == "pareto" else [loss]
 
     def _constraints(self, measurement: Measurement) -> dict[str, float]:
-        return {
-            "accuracy": measurement.acc_loss - self.targets.acc_th,
-            "latency": self.targets.lat_th - measurement.lat_diff,
-        }
+        return self.targets.constraints(measurement.acc_loss, measurement.lat_diff)
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
         study = trial.study
@@ -355,7 +353,9 @@ class QuantizationObjective:
         previous = self._claim(study, trial, params)
         if previous is not None:
             for key, value in previous.user_attrs.items():
-                trial.set_user_attr(key, value)
+                # The result is copied, not who measured it nor the reference flag.
+                if key not in (WORKER_KEY, REFERENCE_KEY):
+                    trial.set_user_attr(key, value)
             trial.set_user_attr("duplicate_of", previous.number)
             for key, value in previous.constraints.items():
                 trial.set_constraint(key, value)

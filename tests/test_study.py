@@ -16,6 +16,7 @@ import optuna_quant as oq
 from conftest import build_cnn
 from optuna_quant.objective import FP32_ACCURACY_KEY
 from optuna_quant.objective import SCALING_KEY
+from optuna_quant.objective import WORKER_KEY
 from optuna_quant.stopping import target_reached
 
 
@@ -67,6 +68,19 @@ def test_duplicate_params_return_the_stored_result(tmp_path, cnn_path, calib, ag
     assert "Params already evaluated. Returning previous result: acc_loss:" in caplog.text
 
 
+def test_a_repeat_of_the_reference_is_no_second_reference(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+    study.enqueue_trial(study.objective.space.default_params())
+    study.optimize(n_trials=2)
+    references = [t for t in study.trials if t.user_attrs.get("reference")]
+    assert len(references) == 1
+    repeat = next(t for t in study.trials if "duplicate_of" in t.user_attrs)
+    assert repeat.user_attrs["duplicate_of"] == references[0].number
+    assert WORKER_KEY not in repeat.user_attrs
+    assert repeat.user_attrs["lat_diff"] == references[0].user_attrs["lat_diff"]
+    assert repeat.constraints == references[0].constraints
+
+
 def test_stop_on_target_stops_at_first_trial_meeting_both(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
     study = _study(
         tmp_path, cnn_path, calib, agreement, fast_bench,
@@ -104,8 +118,11 @@ def test_export_best_and_missed_target(tmp_path, cnn_path, calib, agreement, fas
     study.export_best(out)
     model = onnx.load(str(out))
     fallback = {k.removeprefix("layer:") for k, v in best.params.items() if k.startswith("layer:") and v == "fp32"}
-    if len(fallback) < 3:
-        assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    produced_by = {output: n.op_type for n in model.graph.node for output in n.output}
+    layers = {n.name: n for n in model.graph.node if n.name in ("conv1", "conv2", "fc")}
+    assert set(layers) == {"conv1", "conv2", "fc"}
+    for name, node in layers.items():  # int8 weights come from a DequantizeLinear, fp32 ones do not
+        assert (produced_by.get(node.input[1]) == "DequantizeLinear") == (name not in fallback)
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert "misses the latency target" in caplog.text
 
