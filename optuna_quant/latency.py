@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 import math
 import time
 from typing import Any
@@ -86,10 +86,6 @@ class LatencyResult:
     int8_ms: float
     lat_diff: float
     spread: float
-
-    def to_dict(self) -> dict[str, float]:
-        """The result as a JSON-serialisable dict."""
-        return asdict(self)
 
 
 def _run_times(session: ort.InferenceSession, feed: Mapping[str, np.ndarray], runs: int) -> np.ndarray:

@@ -82,7 +82,9 @@ class Quantizer:
         # The quantizer needs value_info for every tensor; load once, copy per trial.
         self._model = load_model_with_shape_infer(self.model_path)
         self._feeds = list(calibration_feeds)
-        self._calibrators: dict[CalibrationMethod, object] = {}
+        # Only the percentile histogram serves again (each percentile is computed from it); a
+        # calibrator holds a copy of the model and a session, so the others are not kept.
+        self._histogram: object | None = None
         self._ranges: dict[str, TensorsData] = {}
         self.calibration_seconds: dict[str, float] = {}
 
@@ -90,7 +92,8 @@ class Quantizer:
         """The activation ranges of ``range_estimator``, computed at most once."""
         if range_estimator not in self._ranges:
             method, options = _family(range_estimator)
-            calibrator = self._calibrators.get(method)
+            percentile = _percentile(range_estimator)
+            calibrator = self._histogram if percentile is not None else None
             start = time.perf_counter()
             if calibrator is None:
                 calibrator = create_calibrator(
@@ -101,9 +104,8 @@ class Quantizer:
                 )
                 with contextlib.redirect_stdout(io.StringIO()):
                     calibrator.collect_data(self.calibration_reader())
-                self._calibrators[method] = calibrator
-            percentile = _percentile(range_estimator)
             if percentile is not None:
+                self._histogram = calibrator
                 calibrator.collector.percentile = percentile
             # onnxruntime prints progress on stdout; keep the tuner's output to its log lines.
             with contextlib.redirect_stdout(io.StringIO()):
@@ -135,7 +137,3 @@ class Quantizer:
         )
         quantizer.quantize_model()
         return quantizer.model.model
-
-    def close(self) -> None:
-        """Remove the temporary files (also done when the object is collected)."""
-        self._tmp.cleanup()

@@ -94,6 +94,9 @@ class QuantStudy:
         self.storage = storage
         self.artifact_dir = Path(artifact_dir)
         self.run_trials = run_trials
+        # The last best model built: the artifact upload, export_best and best_model want the
+        # same one, and each build deep-copies and rewrites the whole model.
+        self._built: tuple[int, onnx.ModelProto] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.study, name)
@@ -210,6 +213,9 @@ class QuantStudy:
     def best_model(self) -> onnx.ModelProto:
         """The int8 model of the best trial, rebuilt from cached calibration.
 
+        It is built once per best trial and shared with :meth:`export_best`: copy it before
+        changing it.
+
         Raises:
             RuntimeError: If no trial has completed.
         """
@@ -222,7 +228,10 @@ class QuantStudy:
         return best
 
     def _model_of(self, best: BestResult) -> onnx.ModelProto:
-        return self.objective.quantizer.quantize(self.objective.space.to_config(best.params))
+        if self._built is None or self._built[0] != best.number:
+            model = self.objective.quantizer.quantize(self.objective.space.to_config(best.params))
+            self._built = (best.number, model)
+        return self._built[1]
 
     def export_best(self, path: str | Path) -> BestResult:
         """Write the best int8 model to ``path``; a run that missed a target still exports its best.

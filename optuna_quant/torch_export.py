@@ -39,15 +39,14 @@ import onnx.version_converter
 import torch
 from torch import nn
 
+from optuna_quant.model_io import MIN_OPSET
+from optuna_quant.space import QUANTIZABLE_OP_TYPES
+
 __all__ = ["QUANTIZABLE_OP_TYPES", "export_module"]
 
-QUANTIZABLE_OP_TYPES = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-"""ONNX op types the tuner can quantize, and so the nodes :func:`export_module` maps."""
-
-# The lowest opset with per-channel QuantizeLinear/DequantizeLinear.
-MIN_OPSET = 13
-# The lowest opset the dynamo exporter emits directly (torch 2.13).
-_NATIVE_OPSET = 18
+NATIVE_OPSET = 18
+"""The lowest opset the dynamo exporter emits directly (torch 2.13), and the default: converting
+down to a lower one fails for some models."""
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 
 
@@ -55,7 +54,7 @@ def export_module(
     module: nn.Module,
     example_inputs: torch.Tensor | Sequence[torch.Tensor],
     path: str | Path | None = None,
-    opset: int = 18,
+    opset: int = NATIVE_OPSET,
     dynamic_batch: bool = True,
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Export ``module`` in eval mode to ONNX and map its quantizable nodes to module names.
@@ -103,7 +102,7 @@ def export_module(
             module,
             args,
             dynamo=True,
-            opset_version=max(opset, _NATIVE_OPSET),
+            opset_version=max(opset, NATIVE_OPSET),
             dynamic_shapes=_batch_dims(args) if dynamic_batch else None,
             verbose=False,
         )
@@ -111,7 +110,7 @@ def export_module(
         module.train(was_training)
     model = program.model_proto
     node_modules = _node_modules(model, module)
-    if opset < _NATIVE_OPSET:
+    if opset < NATIVE_OPSET:
         model = _convert_opset(model, opset)
         kept = {node.name for node in model.graph.node}
         node_modules = {name: owner for name, owner in node_modules.items() if name in kept}
@@ -185,6 +184,6 @@ def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         return converted
     except Exception as err:
         raise ValueError(
-            f"the exporter writes opset {_NATIVE_OPSET} and onnx could not convert this model to "
-            f"a valid opset-{opset} model ({err}); pass opset={_NATIVE_OPSET}"
+            f"the exporter writes opset {NATIVE_OPSET} and onnx could not convert this model to "
+            f"a valid opset-{opset} model ({err}); pass opset={NATIVE_OPSET}"
         ) from err

@@ -37,6 +37,7 @@ from torch import nn
 
 from optuna_quant.qat.nn import UncalibratedQuantizerError, named_quantizers
 from optuna_quant.torch_export import export_module
+from optuna_quant.torch_export import NATIVE_OPSET
 
 __all__ = ["export_qat"]
 
@@ -45,7 +46,7 @@ def export_qat(
     model: nn.Module,
     example_inputs: torch.Tensor | Sequence[torch.Tensor],
     path: str | Path | None = None,
-    opset: int = 18,
+    opset: int = NATIVE_OPSET,
     dynamic_batch: bool = True,
 ) -> onnx.ModelProto:
     """Export a calibrated QAT model (in eval mode) to an ONNX QDQ model.
