@@ -67,6 +67,17 @@ def choices_of(name: str, distribution: BaseDistribution) -> tuple[Any, ...]:
     return tuple(float(low + i * step) for i in range(n))
 
 
+def index_grid(n_choices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Every index vector ``0 <= x < n_choices`` as rows of an array, the first index slowest.
+
+    Example:
+        >>> index_grid([2, 2]).tolist()
+        [[0, 0], [0, 1], [1, 0], [1, 1]]
+    """
+    grids = np.meshgrid(*[np.arange(n) for n in n_choices], indexing="ij")
+    return np.stack([g.ravel() for g in grids], axis=1)
+
+
 class DiscreteSpace:
     """A product of finite choice lists, with configurations as index tuples.
 
@@ -127,8 +138,7 @@ class DiscreteSpace:
 
     def all_configs(self) -> np.ndarray:
         """Every configuration as rows of an ``(size, dim)`` index array (first index slowest)."""
-        grids = np.meshgrid(*[np.arange(n) for n in self.n_choices], indexing="ij")
-        return np.stack([g.ravel() for g in grids], axis=1)
+        return index_grid(self.n_choices)
 
     def random_configs(self, rng: np.random.RandomState, n: int) -> np.ndarray:
         """``n`` uniformly random configurations (duplicates possible) as an ``(n, dim)`` array."""
@@ -300,13 +310,6 @@ class History:
             running=np.array(running, dtype=dtype).reshape(-1, dim),
             seen=seen,
         )
-
-    @property
-    def feasible(self) -> np.ndarray:
-        """A boolean mask of the completed configurations that meet every constraint."""
-        if self.constraints is None:
-            return np.ones(len(self.values), dtype=bool)
-        return np.all(self.constraints <= 0, axis=1)
 
 
 class SpaceCache:

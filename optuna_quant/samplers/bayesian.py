@@ -45,6 +45,7 @@ from optuna_quant.samplers._discrete import choices_of
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._discrete import index_grid
 from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._gp_kernel import DiscreteGP
 
@@ -453,8 +454,7 @@ class _CandidateSearch:
         self.dim = len(n_choices)
 
     def best_of_all(self) -> np.ndarray | None:
-        grids = np.meshgrid(*[np.arange(n) for n in self.n_choices], indexing="ij")
-        candidates = self._allowed(np.stack([g.ravel() for g in grids], axis=1))
+        candidates = self._allowed(index_grid(self.n_choices))
         if len(candidates) == 0:
             return None
         return candidates[np.argmax(self.score(candidates))]
