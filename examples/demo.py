@@ -22,7 +22,7 @@ import optuna
 
 import optuna_quant as oq
 from examples.demo_model import build_demo_model
-from examples.mnist import load_mnist
+from examples import demo_data
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,11 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     model_path = build_demo_model()
-    data = load_mnist()
     study = oq.create_study(
         model=str(model_path),
-        calibration_data=[data.x_train[i : i + 1] for i in range(200)],
-        eval_data=(data.x_test, data.y_test),
+        calibration_data=demo_data.calibration(),
+        eval_data=demo_data.evaluation(),
         accuracy_loss=args.accuracy_loss,
         latency_reduce=args.latency_reduce,
         sampler=args.sampler,

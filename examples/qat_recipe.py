@@ -16,7 +16,7 @@
    the study's own objective (``measure_model``: its ``eval_fn``, paired latency timing and loss
    scaling), next to a fresh measurement of the PTQ best.
 
-Run (about 4 minutes on two busy cores the first time, training included; 2 minutes after)::
+Run (about 4 minutes on two busy cores with the weights cached, more the first time)::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m examples.qat_recipe
 """
@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 import optuna_quant as oq
+from examples import demo_data
 from examples.demo_model import sensitise
 from examples.demo_model import train_cnn
 from examples.mnist import load_mnist
@@ -69,13 +70,13 @@ def sensitive_cnn(data: MnistSplit, cache_dir: Path = CACHE_DIR) -> nn.Sequentia
     return model.eval()
 
 
-def run_ptq(model: nn.Module, data: MnistSplit, trials: int, seed: int) -> oq.QuantStudy:
+def run_ptq(model: nn.Module, trials: int, seed: int) -> oq.QuantStudy:
     """Tune the all-int8 configurations of ``model`` and return the study."""
     study = oq.create_study(
         model=model,
         example_inputs=torch.zeros(1, 1, 28, 28),
-        calibration_data=[data.x_train[i : i + 1] for i in range(200)],
-        eval_data=(data.x_test, data.y_test),
+        calibration_data=demo_data.calibration(),
+        eval_data=demo_data.evaluation(),
         accuracy_loss=1.0,
         latency_reduce=1.5,
         scopes=("range_estimator", "granularity", "mode"),
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     model = sensitive_cnn(data)
 
     start = time.perf_counter()
-    study = run_ptq(model, data, args.trials, args.seed)
+    study = run_ptq(model, args.trials, args.seed)
     best = study.best_result
     distinct = len({tuple(sorted(trial.params.items())) for trial in study.trials})
     space_size = math.prod(len(d.choices) for d in study.objective.space.distributions().values())
