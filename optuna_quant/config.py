@@ -139,8 +139,7 @@ class RunConfig:
 
     def artifact_dir(self, storage: BaseStorage) -> Path:
         """Where the study's best models are stored: ``artifact_dir``, else beside ``storage``."""
-        given = self.values.get("artifact_dir")
-        return default_artifact_dir(storage) if given is None else Path(given)
+        return default_artifact_dir(storage, self.values.get("artifact_dir"))
 
     @property
     def study_name(self) -> str:

@@ -156,8 +156,11 @@ def heartbeat_interval(storage: BaseStorage) -> int | None:
     return storage.heartbeat_interval if isinstance(storage, RDBStorage) else None
 
 
-def default_artifact_dir(storage: BaseStorage) -> Path:
-    """Where the best models are stored: beside an SQLite file (``<name>-artifacts``), else here."""
+def default_artifact_dir(storage: BaseStorage, given: str | Path | None = None) -> Path:
+    """Where the best models are stored: ``given``, else beside an SQLite file
+    (``<name>-artifacts``), else here."""
+    if given is not None:
+        return Path(given)
     database = sqlite_file(storage)
     if database is None:
         return Path(DEFAULT_ARTIFACT_DIR)

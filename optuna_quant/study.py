@@ -355,6 +355,12 @@ def create_study(
         else:
             space = _narrowed_space(previous, scopes, targets)
             name = study_name + FINE_TUNE_SUFFIX
+    # Looked up once, and before the objective, whose set-up (sessions, hashing) costs seconds.
+    existing = _load_or_none(name, storage_obj, sampler_obj)
+    if trials_load_method == "eval":
+        if existing is None:
+            raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
+        space = _stored_space(existing)
     objective = QuantizationObjective(
         model,
         calibration_data,
@@ -370,17 +376,13 @@ def create_study(
         objective_mode=objective_mode,
         lock=study_lock(storage_obj, name),
     )
-    artifact_dir = default_artifact_dir(storage_obj) if artifact_dir is None else artifact_dir
+    artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if trials_load_method == "eval":
-        study = _load_or_none(name, storage_obj, sampler_obj)
-        if study is None:
-            raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
-        objective.space = _stored_space(study)
-        return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
+        return QuantStudy(existing, objective, storage_obj, artifact_dir, run_trials=False)
     if trials_load_method == "warm_start":
-        if _load_or_none(name, storage_obj) is None:
+        if existing is None:
             _logger.info("No study %r to warm-start: starting with cold_start.", name)
-    elif _load_or_none(name, storage_obj) is not None:
+    elif existing is not None:
         _logger.info("cold_start: deleting the existing study %r.", name)
         optuna.delete_study(study_name=name, storage=storage_obj)
     study = optuna.create_study(
