@@ -41,8 +41,10 @@ from optuna_quant.evaluate import EvalFn
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.latency import LatencyResult
 from optuna_quant.latency import measure_latency
+from optuna_quant.loss import best_index
 from optuna_quant.loss import LossScaling
 from optuna_quant.loss import relative_accuracy_loss
+from optuna_quant.loss import Result
 from optuna_quant.loss import Targets
 from optuna_quant.loss import weighted_loss
 from optuna_quant.model_io import batch_of
@@ -50,7 +52,8 @@ from optuna_quant.model_io import load_model
 from optuna_quant.model_io import ModelLike
 from optuna_quant.model_io import to_feeds
 from optuna_quant.quantize import Quantizer
-from optuna_quant.results import best_trial
+from optuna_quant.results import recorded
+from optuna_quant.results import result_of
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
@@ -423,18 +426,14 @@ class QuantizationObjective:
     def _log_end(
         self, study: optuna.Study, number: int, total: object, current: tuple[float, float, float] | None = None
     ) -> None:
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if current is not None:
-            acc_loss, lat_diff, loss = current
-            trials = [*trials, optuna.trial.create_trial(
-                value=loss, user_attrs={"acc_loss": acc_loss, "lat_diff": lat_diff}
-            )]
-        best = best_trial(trials, self.targets)
-        if best is not None:
+        trials = recorded(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        results = [result_of(t) for t in trials] + ([] if current is None else [Result(*current)])
+        index = best_index(results, self.targets)
+        if index is not None:
             _logger.info(
                 "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f",
                 number + 1,
                 total,
-                best.user_attrs["acc_loss"],
-                best.user_attrs["lat_diff"],
+                results[index].acc_loss,
+                results[index].lat_diff,
             )

@@ -31,13 +31,15 @@ def trial_loss(trial: FrozenTrial) -> float:
     return float(trial.values[0]) if len(trial.values) == 1 else float(trial.user_attrs["loss"])
 
 
+def result_of(trial: FrozenTrial) -> Result:
+    """What the best-result rule looks at in a recorded trial."""
+    return Result(trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"], trial_loss(trial))
+
+
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
     """The best trial by POT's rule (see :func:`optuna_quant.loss.best_index`), or ``None``."""
     candidates = recorded(trials)
-    index = best_index(
-        [Result(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"], trial_loss(t)) for t in candidates],
-        targets,
-    )
+    index = best_index([result_of(t) for t in candidates], targets)
     return None if index is None else candidates[index]
 
 
