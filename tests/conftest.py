@@ -1,25 +1,36 @@
 """Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings.
 
-``postgres_url`` is a throwaway PostgreSQL database (:mod:`optuna_quant.testing.postgres`).
+``make_study`` creates a study of that CNN in tmp_path; ``tuned`` is the config of a CLI project
+whose study the CLI has run. ``postgres_url`` is a throwaway PostgreSQL database
+(:mod:`optuna_quant.testing.postgres`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
+import yaml
 
 from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
+import optuna_quant as oq
+from optuna_quant.cli import main
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.testing.postgres import NO_BINARIES
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server
+
+FAST_BENCH = BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03)
+"""Latency settings that keep each measurement short; the CLI configs get them as a mapping."""
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +58,70 @@ def agreement(cnn: onnx.ModelProto) -> Top1Accuracy:
 
 @pytest.fixture(scope="session")
 def fast_bench() -> BenchmarkSettings:
-    return BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03)
+    return FAST_BENCH
+
+
+@pytest.fixture
+def make_study(
+    tmp_path: Path, cnn_path: Path, calib: list[np.ndarray], agreement: Top1Accuracy, fast_bench: BenchmarkSettings
+) -> Callable[..., oq.QuantStudy]:
+    """``make_study(model=cnn_path, eval_fn=agreement, **kwargs)``: :func:`optuna_quant.create_study`.
+
+    A random sampler with seed 0, the SQLite storage ``tmp_path/study.db`` and ``fast_bench`` unless
+    ``kwargs`` says otherwise; every call of one test opens the same storage.
+    """
+
+    def make(model: Any = None, eval_fn: Any = None, **kwargs: Any) -> oq.QuantStudy:
+        kwargs.setdefault("sampler", "random")
+        kwargs.setdefault("seed", 0)
+        kwargs.setdefault("storage", f"sqlite:///{tmp_path}/study.db")
+        kwargs.setdefault("benchmark", fast_bench)
+        return oq.create_study(
+            cnn_path if model is None else model, calib, agreement if eval_fn is None else eval_fn, **kwargs
+        )
+
+    return make
+
+
+def write_project(
+    folder: Path, cnn: onnx.ModelProto, calib: list[np.ndarray], agreement: Top1Accuracy, **options: Any
+) -> Path:
+    """Write the tiny CNN, its data and a config with relative paths into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(cnn, str(folder / "tiny_cnn.onnx"))
+    np.save(folder / "calib.npy", np.concatenate(calib))
+    np.savez(folder / "eval.npz", inputs=agreement.inputs, labels=agreement.labels)
+    config = {
+        "model": "tiny_cnn.onnx",
+        "calibration_data": "calib.npy",
+        "eval_data": "eval.npz",
+        "max_trials": 3,
+        "accuracy_loss": 50.0,
+        "sampler": "random",
+        "seed": 0,
+        "storage": "sqlite:///study.db",
+        "study_name": "cli",
+        "benchmark": dataclasses.asdict(FAST_BENCH),
+        **options,
+    }
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tuned(
+    tmp_path_factory: pytest.TempPathFactory, cnn: onnx.ModelProto, calib: list[np.ndarray], agreement: Top1Accuracy
+) -> Path:
+    """The config of a project whose study 'cli' holds three finished trials, run by the CLI.
+
+    Module-scoped, not session-scoped, on purpose: every module gets its own project. test_cli
+    adds a fine-tune study and files beside the config, while test_dashboard expects the storage
+    to hold study 'cli' alone.
+    """
+    config = write_project(tmp_path_factory.mktemp("tuned"), cnn, calib, agreement)
+    assert main(["tune", str(config)]) == 0
+    return config
 
 
 @pytest.fixture(scope="module")

@@ -6,47 +6,17 @@ import os
 from pathlib import Path
 import subprocess
 import sys
-from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import optuna
 import pytest
-import yaml
 
+from conftest import write_project
 from optuna_quant.cli import main
-from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.objective import SPACE_KEY
 
-FAST_BENCHMARK = {"warmup": 2, "blocks": 3, "min_seconds": 0.03}
 CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
-
-
-def write_project(
-    folder: Path, cnn: onnx.ModelProto, calib: list[np.ndarray], agreement: Top1Accuracy, **options: Any
-) -> Path:
-    """Write the tiny CNN, its data and a config with relative paths into ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    onnx.save(cnn, str(folder / "tiny_cnn.onnx"))
-    np.save(folder / "calib.npy", np.concatenate(calib))
-    np.savez(folder / "eval.npz", inputs=agreement.inputs, labels=agreement.labels)
-    config = {
-        "model": "tiny_cnn.onnx",
-        "calibration_data": "calib.npy",
-        "eval_data": "eval.npz",
-        "max_trials": 3,
-        "accuracy_loss": 50.0,
-        "sampler": "random",
-        "seed": 0,
-        "storage": "sqlite:///study.db",
-        "study_name": "cli",
-        "benchmark": FAST_BENCHMARK,
-        **options,
-    }
-    path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _load(folder: Path, name: str = "cli") -> optuna.Study:
@@ -58,14 +28,6 @@ def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
-
-
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory, cnn, calib, agreement) -> Path:
-    """A config whose study holds three finished trials, run by the CLI."""
-    config = write_project(tmp_path_factory.mktemp("tuned"), cnn, calib, agreement)
-    assert main(["tune", str(config)]) == 0
-    return config
 
 
 def test_tune_end_to_end_from_another_directory(tmp_path, cnn, calib, agreement) -> None:

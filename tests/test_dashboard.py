@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 import json
 import os
-from pathlib import Path
 import re
 import shutil
 import subprocess
@@ -22,12 +21,10 @@ import onnx
 import optuna
 import pytest
 
-from optuna_quant.cli import main
 from optuna_quant.dashboard import study_url
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import StorageError
 from optuna_quant.testing.postgres import free_port
-from test_cli import write_project
 
 CHROMIUM = shutil.which("chromium")
 
@@ -51,20 +48,13 @@ def test_study_url_from_a_url_or_an_open_storage(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, cnn, calib, agreement) -> Path:
-    config = write_project(tmp_path_factory.mktemp("dashboard"), cnn, calib, agreement)
-    assert main(["tune", str(config)]) == 0
-    return config
-
-
-@pytest.fixture(scope="module")
-def dashboard(finished) -> Iterator[str]:
+def dashboard(tuned) -> Iterator[str]:
     """The URL of the study's page, printed by ``optuna-quant dashboard`` once it serves."""
     port = free_port()
     # Files, not pipes: the server logs every request and would block on a full pipe.
-    out, err = (finished.with_name(name).open("w") for name in ("dashboard.out", "dashboard.err"))
+    out, err = (tuned.with_name(name).open("w") for name in ("dashboard.out", "dashboard.err"))
     server = subprocess.Popen(
-        [sys.executable, "-m", "optuna_quant.cli", "dashboard", str(finished), "--port", str(port)],
+        [sys.executable, "-m", "optuna_quant.cli", "dashboard", str(tuned), "--port", str(port)],
         stdout=out, stderr=err, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
     )
     try:
@@ -74,10 +64,10 @@ def dashboard(finished) -> Iterator[str]:
                 _get_json(f"http://127.0.0.1:{port}/api/studies")
                 break
             except (URLError, ConnectionError):
-                log = finished.with_name("dashboard.err")
+                log = tuned.with_name("dashboard.err")
                 assert server.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
-        printed = finished.with_name("dashboard.out").read_text()
+        printed = tuned.with_name("dashboard.out").read_text()
         match = re.search(rf"http://127\.0\.0\.1:{port}/dashboard/studies/\d+", printed)
         assert match, printed
         yield match.group(0)
@@ -88,14 +78,14 @@ def dashboard(finished) -> Iterator[str]:
         err.close()
 
 
-def test_api_serves_study_metric_names_and_user_attrs(finished, dashboard) -> None:
+def test_api_serves_study_metric_names_and_user_attrs(tuned, dashboard) -> None:
     root, study_id = dashboard.split("/dashboard/studies/")
     summaries = _get_json(f"{root}/api/studies")["study_summaries"]
     assert [(s["study_id"], s["study_name"]) for s in summaries] == [(int(study_id), "cli")]
     detail = _get_json(f"{root}/api/studies/{study_id}")
     assert detail["name"] == "cli" and detail["directions"] == ["minimize"]
     assert detail["objective_names"] == ["loss"]
-    stored = optuna.load_study(study_name="cli", storage=f"sqlite:///{finished.parent}/study.db").trials
+    stored = optuna.load_study(study_name="cli", storage=f"sqlite:///{tuned.parent}/study.db").trials
     assert len(detail["trials"]) == len(stored) == 3
     for served, trial in zip(detail["trials"], stored):
         attrs = {a["key"]: a["value"] for a in served["user_attrs"]}

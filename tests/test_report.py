@@ -9,7 +9,6 @@ import numpy as np
 import optuna
 import pytest
 
-import optuna_quant as oq
 from optuna_quant.loss import Targets
 from optuna_quant.report import _running_best
 from optuna_quant.report import render_report
@@ -18,14 +17,8 @@ from optuna_quant.results import best_trial
 
 
 @pytest.mark.parametrize("objective_mode", ["loss", "pareto"])
-def test_report_embeds_figures_and_best_config(
-    tmp_path, cnn_path, calib, agreement, fast_bench, objective_mode
-) -> None:
-    study = oq.create_study(
-        cnn_path, calib, agreement, storage=f"sqlite:///{tmp_path}/study.db", benchmark=fast_bench,
-        sampler="random", seed=0, accuracy_loss=50.0, latency_reduce=1.2, study_name="report",
-        objective_mode=objective_mode,
-    )
+def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_mode) -> None:
+    study = make_study(accuracy_loss=50.0, latency_reduce=1.2, study_name="report", objective_mode=objective_mode)
     best = study.optimize(n_trials=3)
     path = write_report(study.study, tmp_path / "out" / "report.html")
     text = path.read_text()

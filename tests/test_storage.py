@@ -28,13 +28,6 @@ from optuna_quant.storage import study_lock
 from optuna_quant.testing.postgres import free_port
 
 
-def _study(tmp_path: Path, cnn_path, calib, agreement, fast_bench, **kwargs) -> oq.QuantStudy:
-    kwargs.setdefault("sampler", "random")
-    kwargs.setdefault("seed", 0)
-    kwargs.setdefault("storage", f"sqlite:///{tmp_path}/study.db")
-    return oq.create_study(cnn_path, calib, agreement, benchmark=fast_bench, **kwargs)
-
-
 def test_unreachable_storage_is_named_with_its_password_masked(tmp_path, monkeypatch, calib, agreement) -> None:
     monkeypatch.chdir(tmp_path)
     url = f"postgresql+psycopg2://quant:s3cret@127.0.0.1:{free_port()}/studies"
@@ -71,9 +64,9 @@ def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:
         assert (tmp_path / "s.db.lock").is_file()
 
 
-def test_eval_of_a_missing_study_names_study_and_storage(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+def test_eval_of_a_missing_study_names_study_and_storage(make_study) -> None:
     with pytest.raises(ValueError, match=r"No study 'nothing-here' in sqlite:///.*study\.db"):
-        _study(tmp_path, cnn_path, calib, agreement, fast_bench, study_name="nothing-here", trials_load_method="eval")
+        make_study(study_name="nothing-here", trials_load_method="eval")
 
 
 def test_budget_counts_a_retried_trial_once_and_runs_queued_trials_first() -> None:
@@ -129,8 +122,8 @@ def test_second_worker_waits_for_the_reference_of_the_first(cnn_path, calib, agr
     assert study.user_attrs[REFERENCE_CLAIM_KEY]["worker"] == "elsewhere:1"
 
 
-def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0)
+def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, make_study) -> None:
+    study = make_study(accuracy_loss=50.0)
     best = study.optimize(n_trials=3)
     assert study.study.metric_names == ["loss"]
     files = [meta.filename for meta in get_all_artifact_meta(study.study)]
@@ -140,10 +133,9 @@ def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, cnn_path, calib, 
     assert len(list((tmp_path / "study-artifacts").iterdir())) == 1
 
 
-def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    study = _study(
-        tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0, latency_reduce=0.1,
-        objective_mode="pareto", artifact_dir=tmp_path / "models",
+def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_study) -> None:
+    study = make_study(
+        accuracy_loss=50.0, latency_reduce=0.1, objective_mode="pareto", artifact_dir=tmp_path / "models",
     )
     best = study.optimize(n_trials=4)
     assert [d.name for d in study.study.directions] == ["MINIMIZE", "MAXIMIZE"]
@@ -156,4 +148,4 @@ def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, cnn_path
     assert best.number in {t.number for t in study.study.best_trials}
     assert (tmp_path / "models").is_dir()
     with pytest.raises(ValueError, match="'loss' mode"):
-        _study(tmp_path, cnn_path, calib, agreement, fast_bench, trials_load_method="warm_start")
+        make_study(trials_load_method="warm_start")

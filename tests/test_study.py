@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,25 +11,17 @@ import optuna
 from optuna.trial import TrialState
 import pytest
 
+from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
-from conftest import build_cnn
 from optuna_quant.objective import FP32_ACCURACY_KEY
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.objective import WORKER_KEY
 from optuna_quant.stopping import target_reached
 
 
-def _study(tmp_path: Path, cnn_path, calib, eval_fn, fast_bench, **kwargs) -> oq.QuantStudy:
-    kwargs.setdefault("sampler", "random")
-    kwargs.setdefault("seed", 0)
-    return oq.create_study(
-        cnn_path, calib, eval_fn, storage=f"sqlite:///{tmp_path}/study.db", benchmark=fast_bench, **kwargs
-    )
-
-
-def test_run_records_everything(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+def test_run_records_everything(make_study, caplog) -> None:
     caplog.set_level(logging.INFO, logger="optuna_quant")
-    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=5.0, latency_reduce=1.0)
+    study = make_study(accuracy_loss=5.0, latency_reduce=1.0)
     best = study.optimize(n_trials=5)
     trials = study.trials
     assert len(trials) == 5
@@ -53,9 +44,9 @@ def test_run_records_everything(tmp_path, cnn_path, calib, agreement, fast_bench
     assert any(m.startswith("Trial iteration end: 5 / 5 acc_loss: ") for m in messages)
 
 
-def test_duplicate_params_return_the_stored_result(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+def test_duplicate_params_return_the_stored_result(make_study, caplog) -> None:
     caplog.set_level(logging.INFO, logger="optuna_quant")
-    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+    study = make_study()
     params = {**study.objective.space.default_params(), "layer:fc": "fp32", "mode": "asymmetric"}
     study.enqueue_trial(params)
     study.enqueue_trial(params)
@@ -68,8 +59,8 @@ def test_duplicate_params_return_the_stored_result(tmp_path, cnn_path, calib, ag
     assert "Params already evaluated. Returning previous result: acc_loss:" in caplog.text
 
 
-def test_a_repeat_of_the_reference_is_no_second_reference(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+def test_a_repeat_of_the_reference_is_no_second_reference(make_study) -> None:
+    study = make_study()
     study.enqueue_trial(study.objective.space.default_params())
     study.optimize(n_trials=2)
     references = [t for t in study.trials if t.user_attrs.get("reference")]
@@ -81,18 +72,15 @@ def test_a_repeat_of_the_reference_is_no_second_reference(tmp_path, cnn_path, ca
     assert repeat.constraints == references[0].constraints
 
 
-def test_stop_on_target_stops_at_first_trial_meeting_both(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    study = _study(
-        tmp_path, cnn_path, calib, agreement, fast_bench,
-        accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True,
-    )
+def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
+    study = make_study(accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True)
     study.optimize(n_trials=20)
     assert len(study.trials) == 2  # the reference, then the first optimised trial meets both
     assert target_reached(study.study) == 1
     assert study.best_result.targets_met
 
 
-def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+def test_failing_trial_is_recorded_and_the_study_goes_on(make_study, agreement) -> None:
     calls = {"n": 0}
 
     def flaky(session: ort.InferenceSession) -> float:
@@ -101,16 +89,16 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path, cnn_path, cal
             raise OSError("dataset shard unreadable")
         return agreement(session)
 
-    study = _study(tmp_path, cnn_path, calib, flaky, fast_bench)
+    study = make_study(eval_fn=flaky)
     study.optimize(n_trials=4)
     states = [t.state for t in study.trials]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert "dataset shard unreadable" in study.trials[1].user_attrs["fail_reason"]
 
 
-def test_export_best_and_missed_target(tmp_path, cnn_path, calib, agreement, fast_bench, caplog) -> None:
+def test_export_best_and_missed_target(tmp_path, make_study, caplog) -> None:
     # A speed-up of 50 is out of reach: the run still exports its best and says what it missed.
-    study = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0, latency_reduce=50.0)
+    study = make_study(accuracy_loss=50.0, latency_reduce=50.0)
     best = study.optimize(n_trials=3)
     assert best.missed == ("latency",)
     assert "accuracy met but not latency" in best.summary()
@@ -127,65 +115,62 @@ def test_export_best_and_missed_target(tmp_path, cnn_path, calib, agreement, fas
     assert "misses the latency target" in caplog.text
 
 
-def test_warm_start_continues_to_total_and_cold_start_deletes(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    first = _study(tmp_path, cnn_path, calib, agreement, fast_bench)
+def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> None:
+    first = make_study()
     first.optimize(n_trials=3)
     kept = [(t.number, t.params) for t in first.trials]
-    warm = _study(tmp_path, cnn_path, calib, agreement, fast_bench, trials_load_method="warm_start")
+    warm = make_study(trials_load_method="warm_start")
     warm.optimize(n_trials=5)
     assert len(warm.trials) == 5
     assert [(t.number, t.params) for t in warm.trials[:3]] == kept
     assert sum(1 for t in warm.trials if t.user_attrs.get("reference")) == 1
-    cold = _study(tmp_path, cnn_path, calib, agreement, fast_bench, trials_load_method="cold_start")
+    cold = make_study(trials_load_method="cold_start")
     assert cold.trials == []
 
 
-def test_warm_start_refuses_another_model(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    _study(tmp_path, cnn_path, calib, agreement, fast_bench).optimize(n_trials=1)
-    other = _study(tmp_path, build_cnn(seed=5), calib, agreement, fast_bench, trials_load_method="warm_start")
+def test_warm_start_refuses_another_model(make_study) -> None:
+    make_study().optimize(n_trials=1)
+    other = make_study(model=build_cnn(seed=5), trials_load_method="warm_start")
     with pytest.raises(ValueError, match="another model sha256"):
         other.optimize(n_trials=3)
 
 
-def test_fine_tune_and_eval(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
-    base = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0)
+def test_fine_tune_and_eval(make_study) -> None:
+    base = make_study(accuracy_loss=50.0)
     best = base.optimize(n_trials=4)
-    fine = _study(
-        tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
-        trials_load_method="fine_tune", scopes=["range_estimator"],
-    )
+    fine = make_study(accuracy_loss=50.0, trials_load_method="fine_tune", scopes=["range_estimator"])
     assert fine.study.study_name == "optuna-quant-fine_tune"
     # A worker joining the fine-tune study, even before its first trial, runs on its narrowed space.
-    joined = _study(
-        tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
-        study_name="optuna-quant-fine_tune", trials_load_method="warm_start", scopes=["range_estimator"],
+    joined = make_study(
+        accuracy_loss=50.0, study_name="optuna-quant-fine_tune", trials_load_method="warm_start",
+        scopes=["range_estimator"],
     )
     assert joined.objective.space == fine.objective.space
     with pytest.raises(ValueError, match=r"another search space: parameter\(s\) \['mode'\] differ"):
-        _study(
-            tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0,
-            study_name="optuna-quant-fine_tune", trials_load_method="warm_start", scopes=["range_estimator", "mode"],
+        make_study(
+            accuracy_loss=50.0, study_name="optuna-quant-fine_tune", trials_load_method="warm_start",
+            scopes=["range_estimator", "mode"],
         )
     fine.optimize(n_trials=3)
     for trial in fine.trials:
         assert set(trial.params) == {"range_estimator"}
     base_config = base.objective.space.to_config(best.params)
     assert fine.objective.space.base == base_config
-    evaluated = _study(tmp_path, cnn_path, calib, agreement, fast_bench, accuracy_loss=50.0, trials_load_method="eval")
+    evaluated = make_study(accuracy_loss=50.0, trials_load_method="eval")
     n_before = len(evaluated.trials)
     result = evaluated.optimize(n_trials=10)
     assert len(evaluated.trials) == n_before
     assert result.number == best.number
 
 
-def test_metrics_skip_fp32_evaluation_and_subset(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+def test_metrics_skip_fp32_evaluation_and_subset(make_study, agreement) -> None:
     seen = []
 
     def counting(session, subset_size=None):
         seen.append(subset_size)
         return agreement(session, subset_size=subset_size)
 
-    study = _study(tmp_path, cnn_path, calib, counting, fast_bench, metrics=1.0, eval_subset_size=50)
+    study = make_study(eval_fn=counting, metrics=1.0, eval_subset_size=50)
     study.optimize(n_trials=2)
     assert seen == [50, 50]  # the reference and one trial; no fp32 evaluation
 
@@ -213,7 +198,7 @@ def test_measure_model_measures_a_ready_model_as_measure_does(cnn, calib, fast_b
     assert objective.measure_model(int8_model).acc_loss == measured.acc_loss
 
 
-def test_eval_of_a_study_made_outside_optuna_quant_is_refused(tmp_path, cnn_path, calib, agreement, fast_bench) -> None:
+def test_eval_of_a_study_made_outside_optuna_quant_is_refused(tmp_path, make_study) -> None:
     optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path}/study.db")
     with pytest.raises(ValueError, match=r"Study 'plain' holds no optuna-quant search space"):
-        _study(tmp_path, cnn_path, calib, agreement, fast_bench, study_name="plain", trials_load_method="eval")
+        make_study(study_name="plain", trials_load_method="eval")
