@@ -19,6 +19,7 @@ lowest ``acc_loss`` of the four calibrations that tie on it). Run
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from benchmarks.table import TABLES_DIR, Table, configurations
@@ -110,6 +111,7 @@ def synthetic_table() -> Table:
 
 def main() -> None:
     """Write the synthetic table and print its shape."""
+    argparse.ArgumentParser(description=f"Rewrite {TABLES_DIR.name}/synthetic_interactions.json.").parse_args()
     table = synthetic_table()
     TABLES_DIR.mkdir(parents=True, exist_ok=True)
     table.save(TABLES_DIR / f"{table.name}.json")

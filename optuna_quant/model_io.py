@@ -129,6 +129,9 @@ def _check_feed(
 def batch_of(feeds: Sequence[Feed], size: int) -> Feed:
     """The first ``size`` samples of ``feeds`` (however they are batched) as one batch.
 
+    Raises:
+        ValueError: If ``feeds`` hold fewer than ``size`` samples.
+
     Example:
         >>> feeds = [{"x": np.zeros((4, 2))}, {"x": np.ones((4, 2))}]
         >>> batch_of(feeds, 1)["x"].shape, float(batch_of(feeds, 6)["x"].sum())
@@ -140,4 +143,6 @@ def batch_of(feeds: Sequence[Feed], size: int) -> Feed:
             break
         chosen.append(feed)
         n += len(next(iter(feed.values())))
+    if n < size:
+        raise ValueError(f"A batch of {size} samples was asked for, but the data hold {n}.")
     return {name: np.concatenate([f[name] for f in chosen])[:size] for name in chosen[0]}

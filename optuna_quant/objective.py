@@ -180,12 +180,10 @@ class QuantizationObjective:
         self.wait_timeout = wait_timeout
         self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         feeds = to_feeds(calibration_data, self.model)
-        if sum(len(next(iter(f.values()))) for f in feeds) < self.benchmark.batch_size:
-            raise ValueError(
-                f"benchmark.batch_size is {self.benchmark.batch_size} but calibration_data holds "
-                "fewer samples."
-            )
-        self.latency_feed = batch_of(feeds, self.benchmark.batch_size)
+        try:
+            self.latency_feed = batch_of(feeds, self.benchmark.batch_size)
+        except ValueError as err:
+            raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
         self.quantizer = Quantizer(self.model, feeds)
         serialized = self.model.SerializeToString()  # once: large models take seconds
         self.model_sha256 = hashlib.sha256(serialized).hexdigest()

@@ -49,7 +49,7 @@ def test_scaling_reference_without_speedup_uses_two() -> None:
 def test_loss_by_hand_all_branches() -> None:
     t = Targets(accuracy_loss=1.0, latency_reduce=1.5)
     s = LossScaling.from_reference(0.03, 2.0, t)
-    lat = lambda l: s.lat_scale * (math.log((1 / (1000 * l)) ** 8) - s.lat_min)  # noqa: E731
+    lat = lambda lat_diff: s.lat_scale * (math.log((1 / (1000 * lat_diff)) ** 8) - s.lat_min)  # noqa: E731
     # accuracy missed: both terms and +80
     expected = s.acc_scale * (math.exp(0.02) - 1) + lat(1.8) + 80
     assert weighted_loss(0.02, 1.8, t, s) == pytest.approx(expected)

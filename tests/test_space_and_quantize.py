@@ -62,6 +62,13 @@ def test_suggest_on_a_real_trial(cnn) -> None:
     trial = study.ask()
     params = space.suggest(trial)
     assert params == trial.params
+    assert trial.distributions == space.distributions()
+    assert space.to_config(params) == QuantConfig(
+        fallback=frozenset(k.removeprefix("layer:") for k, v in params.items() if v == "fp32"),
+        range_estimator=params["range_estimator"],
+        per_channel=params["granularity"] == "per_channel",
+        symmetric=params["mode"] == "symmetric",
+    )
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -38,6 +39,10 @@ def test_run_records_everything(make_study, caplog) -> None:
         assert trial.constraints["accuracy"] == pytest.approx(attrs["acc_loss"] - 0.05)
         assert trial.constraints["latency"] == pytest.approx(1.0 - attrs["lat_diff"])
     assert best is not None and best.number in {t.number for t in trials}
+    # POT's rule: the fastest trial within the accuracy target, the lower acc_loss among ties.
+    met = [t for t in trials if t.user_attrs["acc_loss"] <= 0.05]
+    assert met
+    assert best.number == max(met, key=lambda t: (t.user_attrs["lat_diff"], -t.user_attrs["acc_loss"])).number
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("Trial iteration start: 2 / 5") for m in messages)
     assert any(m.startswith("Current iteration acc_loss: ") and "exec_time: " in m for m in messages)
@@ -196,9 +201,19 @@ def test_measure_model_measures_a_ready_model_as_measure_does(cnn, calib, fast_b
     measured = objective.measure(params)
     assert measured.acc_loss != 0
     assert objective.measure_model(int8_model).acc_loss == measured.acc_loss
+    # The relative loss against the fp32 score, computed here from a plain session.
+    fp32 = mean_abs_logit(ort.InferenceSession(cnn.SerializeToString(), providers=["CPUExecutionProvider"]))
+    assert measured.acc_loss == pytest.approx((fp32 - measured.accuracy) / fp32)
 
 
 def test_eval_of_a_study_made_outside_optuna_quant_is_refused(tmp_path, make_study) -> None:
     optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path}/study.db")
     with pytest.raises(ValueError, match=r"Study 'plain' holds no optuna-quant search space"):
         make_study(study_name="plain", trials_load_method="eval")
+
+
+def test_a_latency_batch_larger_than_the_calibration_data_is_refused(make_study, fast_bench) -> None:
+    # conftest's calibration data hold 16 samples.
+    with pytest.raises(ValueError, match=r"benchmark.batch_size: A batch of 17 samples was asked for, but the data hold 16"):
+        make_study(benchmark=dataclasses.replace(fast_bench, batch_size=17))
+    assert make_study(benchmark=dataclasses.replace(fast_bench, batch_size=16)).objective.latency_feed["input"].shape[0] == 16
