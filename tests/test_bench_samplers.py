@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 import sys
 
+import numpy as np
 import pytest
 
 # benchmarks/ is a folder of the checkout, not of the installed package: make it importable
@@ -21,6 +22,7 @@ from benchmarks.bench_samplers import (  # noqa: E402
     checkpoints,
     count_duplicates,
     main,
+    run_optuna,
     median_missing_worst,
     run_task,
     smallest_choice_count,
@@ -195,3 +197,23 @@ def test_runs_merge_into_one_report(tmp_path: Path) -> None:
     samplers = merged["tables"]["synthetic_interactions"]["samplers"]
     assert {name: r["seeds"] for name, r in samplers.items()} == {"random": 2, "optuna-tpe": 1}
     assert len(merged["commands"]) == 2
+
+
+def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
+    from benchmarks.gp_oracle import OracleGPSampler, oracle_gps, run_one
+    from optuna_quant.samplers import DiscreteGPSampler
+
+    table = Table.load(TABLES_DIR / "mlp.json")
+    gps = oracle_gps(table, rows=120)
+    fitted = [gp.theta.copy() for gp in gps]
+    assert len(gps) == 2 and not np.allclose(fitted[0], fitted[1])  # accuracy and latency differ
+    oracle, default = OracleGPSampler(gps, seed=5), DiscreteGPSampler(seed=5)
+    for sampler in (oracle, default):
+        trace = run_optuna(lambda s: sampler, table, seed=5, budget=12, constraints=True)
+        assert count_duplicates(trace.keys, table.size) == 0
+    used = oracle._optimizer._constraint_gps
+    assert all(len(gp.X) >= 10 for gp in used)  # conditioned on the study's trials ...
+    assert all(np.array_equal(gp.theta, theta) for gp, theta in zip(used, fitted))  # ... as fitted
+    learnt = default._optimizer._constraint_gps
+    assert not all(np.allclose(gp.theta, theta) for gp, theta in zip(learnt, fitted))
+    assert all(1 <= run_one((str(TABLES_DIR / "mlp.json"), v, 5, 15)) <= 16 for v in ("default", "oracle"))
