@@ -31,6 +31,7 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
+from benchmarks._versions import versions  # noqa: E402
 from optuna_quant.samplers.bayesian import DiscreteGPSampler  # noqa: E402
 
 N_BINARY = 25
@@ -130,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(["python -m benchmarks.bench_gp_speed", *(argv or sys.argv[1:])]),
-                       "rows": rows}, f, indent=1)
+                       "versions": versions(), "rows": rows}, f, indent=1)
     return rows
 
 

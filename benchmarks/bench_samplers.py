@@ -59,6 +59,7 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
+from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -460,6 +461,7 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         "commands": [
             ".venv/bin/python -m benchmarks.bench_samplers " + " ".join(sys.argv[1:] if argv is None else argv)
         ],
+        "versions": [versions()],
         "budget": args.budget,
         "seeds": list(seeds),
         "constraints": args.constraints,
@@ -487,9 +489,11 @@ def merge_reports(paths: Sequence[Path]) -> dict[str, Any]:
     budgets = {report["budget"] for report in reports}
     if len(budgets) != 1:
         raise SystemExit(f"Cannot merge runs with different budgets {sorted(budgets)}.")
-    merged: dict[str, Any] = {"commands": [], "budget": budgets.pop(), "skipped": {}, "tables": {}}
+    merged: dict[str, Any] = {"commands": [], "versions": [], "budget": budgets.pop(), "skipped": {}, "tables": {}}
     for report in reports:
         merged["commands"] += report["commands"]
+        # Runs from before versions were recorded have none.
+        merged["versions"] += report.get("versions", [None] * len(report["commands"]))
         merged["skipped"].update(report["skipped"])
         for name, entry in report["tables"].items():
             merged["tables"].setdefault(name, {**entry, "samplers": {}})["samplers"].update(entry["samplers"])

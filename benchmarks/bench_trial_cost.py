@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from benchmarks._demo_setup import demo_objective
+from benchmarks._versions import versions
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
@@ -113,7 +114,7 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
+        args.json.write_text(json.dumps({**summary, "versions": versions()}, indent=2))
 
 
 if __name__ == "__main__":

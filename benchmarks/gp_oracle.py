@@ -27,12 +27,14 @@ import copy  # noqa: E402
 from functools import lru_cache  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
+import sys  # noqa: E402
 from typing import Any  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
+from benchmarks._versions import versions  # noqa: E402
 from benchmarks.bench_samplers import quartiles, run_optuna, trials_to_target  # noqa: E402
 from benchmarks.table import Table, table_paths  # noqa: E402
 from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
@@ -120,7 +122,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tasks = [(p, v, s, args.budget) for p in paths for v in ("default", "oracle") for s in seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
         hits = list(pool.map(run_one, tasks, chunksize=4))
-    results: dict[str, Any] = {"seeds": [seeds.start, seeds.stop - 1], "budget": args.budget, "tables": {}}
+    results: dict[str, Any] = {
+        "command": ".venv/bin/python -m benchmarks.gp_oracle " + " ".join(sys.argv[1:] if argv is None else argv),
+        "versions": versions(),
+        "seeds": [seeds.start, seeds.stop - 1],
+        "budget": args.budget,
+        "tables": {},
+    }
     print("| table | default: median (IQR) | oracle hyperparameters: median (IQR) |")
     print("|---|---|---|")
     for i, path in enumerate(paths):

@@ -7,6 +7,7 @@ from pathlib import Path
 import sys
 
 import numpy as np
+import optuna
 import pytest
 
 # benchmarks/ is a folder of the checkout, not of the installed package: make it importable
@@ -197,6 +198,7 @@ def test_runs_merge_into_one_report(tmp_path: Path) -> None:
     samplers = merged["tables"]["synthetic_interactions"]["samplers"]
     assert {name: r["seeds"] for name, r in samplers.items()} == {"random": 2, "optuna-tpe": 1}
     assert len(merged["commands"]) == 2
+    assert [v["optuna"] for v in merged["versions"]] == [optuna.__version__] * 2  # one per run
 
 
 def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
