@@ -57,8 +57,9 @@ BATCH_SIZE = 64
 def sensitive_cnn(data: MnistSplit, cache_dir: Path = CACHE_DIR) -> nn.Sequential:
     """The trained and rescaled float CNN; training runs once, then the weights come from cache."""
     path = cache_dir / WEIGHTS_FILE
-    model = train_cnn(data, epochs=0)  # the architecture, untrained
     if path.is_file():
+        # No training epochs: train_cnn then only builds the architecture for the cached weights.
+        model = train_cnn(data, epochs=0)
         model.load_state_dict(torch.load(path))
     else:
         start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -272,7 +273,35 @@ def _along(values: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
     return values.reshape(shape)
 
 
-class QuantLinear(nn.Linear):
+_QuantT = TypeVar("_QuantT", bound="_QuantMixin")
+
+
+class _QuantMixin(nn.Module):
+    """The quantizers and the ``from_float`` construction of :class:`QuantLinear` and friends.
+
+    It comes before the float class in their bases, so that its ``__init__`` builds the float
+    layer first and then adds the quantizers.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.input_quantizer = TensorQuantizer()
+        self.weight_quantizer = TensorQuantizer(axis=0)
+
+    @classmethod
+    def _sharing_parameters(
+        cls: type[_QuantT], module: nn.Module, *args: Any, **kwargs: Any
+    ) -> _QuantT:
+        """An instance built with ``args`` and ``kwargs`` that uses ``module``'s parameters."""
+        # On the meta device no weight is allocated and initialised only to be replaced below.
+        quant = cls(*args, bias=module.bias is not None, device="meta", **kwargs)
+        quant.weight = module.weight
+        quant.bias = module.bias
+        quant.train(module.training)
+        return quant
+
+
+class QuantLinear(_QuantMixin, nn.Linear):
     """``nn.Linear`` whose input and weight go through :class:`TensorQuantizer` s.
 
     The input quantizer is per tensor, the weight quantizer per output channel (axis 0).
@@ -283,27 +312,16 @@ class QuantLinear(nn.Linear):
         (0, None)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.input_quantizer = TensorQuantizer()
-        self.weight_quantizer = TensorQuantizer(axis=0)
-
     @classmethod
     def from_float(cls, module: nn.Linear) -> QuantLinear:
         """A QuantLinear that shares ``module``'s weight and bias (same Parameter objects)."""
-        quant = cls(
-            module.in_features, module.out_features, bias=module.bias is not None, device="meta"
-        )
-        quant.weight = module.weight
-        quant.bias = module.bias
-        quant.train(module.training)
-        return quant
+        return cls._sharing_parameters(module, module.in_features, module.out_features)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.linear(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
 
 
-class QuantConv2d(nn.Conv2d):
+class QuantConv2d(_QuantMixin, nn.Conv2d):
     """``nn.Conv2d`` whose input and weight go through :class:`TensorQuantizer` s.
 
     The input quantizer is per tensor, the weight quantizer per output channel (axis 0, which
@@ -315,15 +333,11 @@ class QuantConv2d(nn.Conv2d):
         0
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.input_quantizer = TensorQuantizer()
-        self.weight_quantizer = TensorQuantizer(axis=0)
-
     @classmethod
     def from_float(cls, module: nn.Conv2d) -> QuantConv2d:
         """A QuantConv2d that shares ``module``'s weight and bias (same Parameter objects)."""
-        quant = cls(
+        return cls._sharing_parameters(
+            module,
             module.in_channels,
             module.out_channels,
             module.kernel_size,
@@ -331,14 +345,8 @@ class QuantConv2d(nn.Conv2d):
             padding=module.padding,
             dilation=module.dilation,
             groups=module.groups,
-            bias=module.bias is not None,
             padding_mode=module.padding_mode,
-            device="meta",
         )
-        quant.weight = module.weight
-        quant.bias = module.bias
-        quant.train(module.training)
-        return quant
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(
