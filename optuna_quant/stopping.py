@@ -2,9 +2,10 @@
 
 ``study.stop()`` stops only the calling process, so the first worker whose trial meets both targets
 writes a flag into the study's storage (a study user attr). Every worker reads it after each trial
-and stops (:class:`StopOnTarget` in a plain ``optimize`` loop; ``QuantStudy.optimize`` also before
-reserving its next trial), and the objective reads it before and after its measurement and prunes
-the trial it is running, so each worker stops within the trial it is running when the flag is set.
+and stops (:class:`StopOnTarget`; ``QuantStudy.optimize`` also before its first trial and after
+waiting for other workers' trials), and the objective reads it before and after its measurement
+and prunes the trial it is running, so each worker stops within the trial it is running when the
+flag is set.
 
 Example:
     >>> import optuna

@@ -163,7 +163,11 @@ class QuantStudy:
         if self.stop_on_target:
             callbacks.append(StopOnTarget(self.targets))
         with tqdm(total=n_trials, disable=not progress, unit="trial") as bar:
-            while not self._finished(deadline):
+            # Another worker may have met the targets before the first trial or while this one
+            # waited idle. After a trial, StopOnTarget has just read the flag: not again here.
+            read_stop_flag = True
+            while not self._finished(deadline, read_stop_flag):
+                read_stop_flag = False
                 if reserve_trial(self.study, self.storage, n_trials, self.lock, running_counts=heartbeat):
                     self.study.optimize(self.objective, n_trials=1, catch=(Exception,), callbacks=callbacks)
                     if progress:  # counting reads every trial: only for a bar that shows it
@@ -177,13 +181,14 @@ class QuantStudy:
                     time.sleep(IDLE_SECONDS)
                     with optuna_warnings_off():
                         optuna.storages.fail_stale_trials(self.study)
+                    read_stop_flag = True
                 else:
                     return
 
-    def _finished(self, deadline: float | None) -> bool:
+    def _finished(self, deadline: float | None, read_stop_flag: bool) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
             return True
-        return self.stop_on_target and target_reached(self.study) is not None
+        return read_stop_flag and self.stop_on_target and target_reached(self.study) is not None
 
     def _unfinished_trials(self) -> bool:
         return bool(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)))

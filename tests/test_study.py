@@ -14,9 +14,13 @@ import pytest
 
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
+import optuna_quant.objective
+import optuna_quant.stopping
+import optuna_quant.study
 from optuna_quant.objective import FP32_ACCURACY_KEY
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.objective import WORKER_KEY
+from optuna_quant.stopping import TARGET_REACHED_KEY
 from optuna_quant.stopping import target_reached
 
 
@@ -83,6 +87,29 @@ def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
     assert len(study.trials) == 2  # the reference, then the first optimised trial meets both
     assert target_reached(study.study) == 1
     assert study.best_result.targets_met
+
+
+def test_stop_on_target_reads_the_flag_only_where_it_may_have_changed(make_study, monkeypatch) -> None:
+    # A speed-up of 50 is out of reach: the flag stays unset and every check reads storage.
+    study = make_study(latency_reduce=50.0, stop_on_target=True)
+    reads = []
+
+    def counted(s: optuna.Study) -> int | None:
+        reads.append(s)
+        return target_reached(s)
+
+    for module in (optuna_quant.study, optuna_quant.objective, optuna_quant.stopping):
+        monkeypatch.setattr(module, "target_reached", counted)
+    study.optimize(n_trials=4)
+    trials = [t for t in study.trials if not t.user_attrs.get("reference")]
+    duplicates = sum(1 for t in trials if "duplicate_of" in t.user_attrs)
+    # Once before the first trial; per measured trial before and after measuring and in the
+    # callback; a duplicate measures nothing, so only the callback reads.
+    assert len(reads) == 1 + 3 * (len(trials) - duplicates) + duplicates
+    # Another worker met the targets meanwhile: the next run reserves no trial.
+    study.study.set_user_attr(TARGET_REACHED_KEY, trials[0].number)
+    study.optimize(n_trials=6)
+    assert len(study.trials) == 4
 
 
 def test_failing_trial_is_recorded_and_the_study_goes_on(make_study, agreement) -> None:
