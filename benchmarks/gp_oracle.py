@@ -5,8 +5,8 @@ variances, noise) by marginal likelihood on the trials seen so far, a dozen at m
 target is met. Here they are fitted once on up to 400 rows of the table, knowledge that no
 study has, and kept fixed while the study runs (each trial only conditions the GPs on its data).
 Both samplers run side by side on the same tables and seeds, stopping at the target; the gap
-between them is what better hyperparameters could buy, and the oracle's figure is about the
-least that this model and acquisition can reach.
+between them is what learning the hyperparameters costs (or, where the oracle is slower, what
+the fitted ones happen to gain).
 
 Example:
     .venv/bin/python -m benchmarks.gp_oracle --seeds 100 --seed-offset 100 --jobs 2
@@ -109,6 +109,7 @@ def run_one(task: tuple[str, str, int, int]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run both variants on every table and seed, print a Markdown table, return the results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20, help="studies per variant and table")
     parser.add_argument("--seed-offset", type=int, default=0, help="first seed")
