@@ -175,6 +175,22 @@ def test_acq_max_on_a_large_space_returns_a_valid_unseen_point() -> None:
     assert x.sum() > np.mean(X.sum(axis=1))
 
 
+def test_acq_max_local_searches_each_score_every_neighbour_even_shared_ones() -> None:
+    # A 3 x 3 space scored by local search (n_warmup below its size): searches from distinct
+    # starts share neighbours, and each must still be free to move to them.
+    batches = []
+
+    def ac(x: np.ndarray, gp: object, y_max: float | None) -> np.ndarray:
+        batches.append(len(x))
+        return -np.abs(x - 1).sum(axis=1).astype(float)
+
+    x = acq_max(ac, None, None, np.array([[0, 3], [0, 3]]), 0, n_warmup=6, n_iter=8)
+    assert x.tolist() == [1, 1]
+    starts = min(8, batches[0])
+    assert starts >= 3  # several searches, so that some share neighbours
+    assert batches[1] == starts * 4  # each start's four one-flip neighbours, none dropped
+
+
 def test_acq_max_honours_shifted_bounds_and_raises_when_all_excluded() -> None:
     gp = DiscreteGP([2]).fit(np.array([[0], [1]]), np.array([0.0, 1.0]))
 

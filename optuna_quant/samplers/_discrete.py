@@ -225,41 +225,6 @@ class History:
     seen: set[Config]
 
     @classmethod
-    def from_trials(
-        cls,
-        study: Study,
-        trials: Iterable[FrozenTrial],
-        space: DiscreteSpace,
-        encoded: dict[int, Config | None] | None = None,
-    ) -> History:
-        """Collect the history of ``study`` restricted to ``space``.
-
-        Trials whose parameters lie outside ``space`` are left out. Constraints are read from
-        ``trial.constraints`` (``trial.set_constraint``); a completed trial without them, in a
-        study where others have them, counts as infeasible.
-
-        Args:
-            study: The study the trials belong to.
-            trials: Its trials.
-            space: The space to encode them in.
-            encoded: A memo of finished trials' configurations by trial id, which a caller keeps
-                between calls on the same ``space`` and ``study``: a finished trial's parameters
-                never change, so that each is encoded once instead of on every call.
-        """
-
-        def encode(trial: FrozenTrial) -> Config | None:
-            if encoded is None:
-                return space.encode(trial.params)
-            if trial._trial_id in encoded:
-                return encoded[trial._trial_id]
-            config = space.encode(trial.params)
-            if trial.state.is_finished():
-                encoded[trial._trial_id] = config
-            return config
-
-        return cls.collect(study, trials, encode, space.dim, np.int64)
-
-    @classmethod
     def collect(
         cls,
         study: Study,
@@ -270,8 +235,11 @@ class History:
     ) -> History:
         """The history of the trials that ``encode`` maps to a point (``None`` leaves one out).
 
-        :meth:`from_trials` encodes choice indices; a sampler on a continuous space can pass
-        Optuna's internal values instead, whose ``seen`` set is then of no use.
+        Trials are left out where their parameters lie outside the space. Constraints are read
+        from ``trial.constraints`` (``trial.set_constraint``); a completed trial without them, in
+        a study where others have them, counts as infeasible. :meth:`SpaceCache.history` encodes
+        choice indices; a sampler on a continuous space can pass Optuna's internal values
+        instead, whose ``seen`` set is then of no use.
 
         Example:
             >>> import optuna
@@ -341,7 +309,17 @@ class SpaceCache:
             cached = (study._storage, DiscreteSpace(search_space), {})
             self._entries[key] = cached
         _, space, encoded = cached
-        return space, History.from_trials(study, trials, space, encoded)
+
+        def encode(trial: FrozenTrial) -> Config | None:
+            # A finished trial's parameters never change: each is encoded once per space.
+            if trial._trial_id in encoded:
+                return encoded[trial._trial_id]
+            config = space.encode(trial.params)
+            if trial.state.is_finished():
+                encoded[trial._trial_id] = config
+            return config
+
+        return space, History.collect(study, trials, encode, space.dim, np.int64)
 
     def __getstate__(self) -> dict[str, Any]:
         # The entries hold storages, which need not pickle; they are rebuilt on demand.

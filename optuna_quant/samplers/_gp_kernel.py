@@ -94,6 +94,28 @@ class DiscreteGP:
         """The fitted noise variance, in standardised units."""
         return float(np.exp(self._params()[-1]))
 
+    @property
+    def log_params(self) -> np.ndarray:
+        """Every hyperparameter, in logs: ``theta``, ``weights``, the product part's variance and
+        the noise variance."""
+        return self._params().copy()
+
+    def log_marginal_likelihood(self, log_params: np.ndarray | None = None) -> float:
+        """The log marginal likelihood of the fitted data under ``log_params`` (by default the
+        fitted ones), without the hyperparameters' prior; named as scikit-learn's.
+
+        Example:
+            >>> import numpy as np
+            >>> X = np.array([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0]])
+            >>> gp = DiscreteGP([3, 2]).fit(X, np.array([0.0, 1.0, 2.0, 3.0, 4.0]))
+            >>> bool(gp.log_marginal_likelihood() > gp.log_marginal_likelihood(gp.log_params + 3.0))
+            True
+        """
+        log_params = self._params() if log_params is None else np.asarray(log_params, dtype=float)
+        z = (self._y - self._y_mean) / self._y_std
+        neg_log_posterior, _ = self._neg_log_posterior(log_params, self._pair_deltas(self.X), z)
+        return -(neg_log_posterior + self._log_prior(log_params)[0])
+
     def fit(self, X: np.ndarray, y: np.ndarray, optimize: bool | None = None) -> DiscreteGP:
         """Fit the GP to configurations ``X`` (``(n, dim)`` indices) and targets ``y``.
 
@@ -104,6 +126,7 @@ class DiscreteGP:
                 conditions on the new data (cheap). By default they are fitted while there are
                 few points, and then each time the data have grown by a fifth since the last fit:
                 one more point barely moves them, and refitting costs far more than conditioning.
+                Data of the size last fitted are taken to be the same data and not refitted.
 
         Returns:
             ``self``.
@@ -115,7 +138,9 @@ class DiscreteGP:
         self._y_std = std if std > 1e-12 else 1.0
         z = (y - self._y_mean) / self._y_std
         if optimize is None:
-            optimize = (
+            # A study's data only grow, so data of the size last fitted are the same data: a
+            # sampler that chooses again after a clash with another worker reuses the fit.
+            optimize = len(y) != self._n_fitted and (
                 self._n_fitted == 0
                 or len(y) <= _ALWAYS_REFIT_BELOW
                 or len(y) >= _REFIT_GROWTH * self._n_fitted

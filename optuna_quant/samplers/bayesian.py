@@ -476,7 +476,8 @@ class _CandidateSearch:
             # One batch per round: every one-flip neighbour of every search, scored together.
             neighbours = self._one_flips(current)
             owner = np.tile(np.arange(len(current)), len(neighbours) // max(len(current), 1))
-            keep = self._allowed_mask(neighbours)
+            # Not de-duplicated: two searches may share a neighbour, and each may move there.
+            keep = self._not_excluded(neighbours)
             neighbours, owner = neighbours[keep], owner[keep]
             if len(neighbours) == 0:
                 break
@@ -495,17 +496,14 @@ class _CandidateSearch:
         return current[int(np.argmax(current_scores))]
 
     def _allowed(self, candidates: np.ndarray) -> np.ndarray:
-        return candidates[self._allowed_mask(candidates)]
+        """The rows not excluded, each once, in the order they first appear."""
+        candidates = candidates[self._not_excluded(candidates)]
+        _, first = np.unique(candidates, axis=0, return_index=True)
+        return candidates[np.sort(first)]
 
-    def _allowed_mask(self, candidates: np.ndarray) -> np.ndarray:
-        """Rows neither excluded nor repeating an earlier row."""
-        mask = np.zeros(len(candidates), dtype=bool)
-        met: set[Config] = set()
-        for i, row in enumerate(map(tuple, candidates.tolist())):
-            if row not in self.excluded and row not in met:
-                met.add(row)
-                mask[i] = True
-        return mask
+    def _not_excluded(self, candidates: np.ndarray) -> np.ndarray:
+        rows = map(tuple, candidates.tolist())
+        return np.fromiter((row not in self.excluded for row in rows), dtype=bool, count=len(candidates))
 
     def _one_flips(self, points: np.ndarray) -> np.ndarray:
         """Every point that differs from one of ``points`` in exactly one coordinate."""
@@ -630,7 +628,7 @@ class BayesianOptimization:
         y_max = float(np.max(target[feasible])) if feasible.any() else None
         # Until a point is feasible only the constraints' models are consulted.
         gp = None
-        if y_max is not None or space.constraints is None:
+        if y_max is not None:  # always so without constraints: every point is feasible then
             gp = self._target_gp.fit(space.params, target).with_pending(pending)
         if space.constraints is None:
             ac: Callable[..., np.ndarray] = (
@@ -822,13 +820,15 @@ class DiscreteGPSampler(BaseSampler):
         self._raise_error_if_multi_objective(study)
         if not search_space:
             return {}
-        trials = [t for t in study._get_trials(deepcopy=False) if t.number != trial.number]
+        trials = [t for t in study._get_trials(deepcopy=False, use_cache=True) if t.number != trial.number]
         space, history = self._spaces.history(study, trials, search_space)
         claimed = _claimed_configs(trials, space)
         seen = history.seen | set(claimed)
         if len(seen) >= space.size:
             return {}  # Every configuration has been tried: a repeat is unavoidable.
         pending = np.vstack([history.running, np.array(claimed, np.int64).reshape(-1, space.dim)])
+        # Their configurations are in ``seen``, so no choice can clash with them.
+        settled = {t.number for t in trials if t.state.is_finished()}
         for attempt in range(_CLAIM_ATTEMPTS):
             if attempt < 2:
                 config = self._choose(study, space, history, pending, seen)
@@ -837,7 +837,7 @@ class DiscreteGPSampler(BaseSampler):
                 # a clash repeats: after two, part ways at random, drawn per trial number.
                 rng = np.random.RandomState([trial.number, attempt])
                 config = space.random_unseen(rng, seen)
-            if not _claim_is_contested(study, trial, space, config):
+            if not _claim_is_contested(study, trial, space, config, settled):
                 break
             seen.add(config)
             pending = np.vstack([pending, np.array(config)[None, :]])
@@ -931,18 +931,19 @@ def _claimed_configs(trials: Sequence[FrozenTrial], space: DiscreteSpace) -> lis
 
 
 def _claim_is_contested(
-    study: Study, trial: FrozenTrial, space: DiscreteSpace, config: Config
+    study: Study, trial: FrozenTrial, space: DiscreteSpace, config: Config, settled: set[int]
 ) -> bool:
     """Claim ``config`` for ``trial``; whether another trial has claimed or used it meanwhile.
 
     Writing the claim before reading the others' means that of two workers choosing the same
-    configuration at the same time, at least one sees the other and chooses again.
+    configuration at the same time, at least one sees the other and chooses again. Trials in
+    ``settled`` (finished before the choice, so known to differ) are not checked.
     """
     study._storage.set_trial_system_attr(
         trial._trial_id, _CLAIM_KEY, json.dumps(space.decode(config))
     )
     for other in study._storage.get_all_trials(study._study_id, deepcopy=False):
-        if other.number == trial.number:
+        if other.number == trial.number or other.number in settled:
             continue
         if space.encode(other.params) == config:
             return True
