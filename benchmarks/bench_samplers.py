@@ -484,12 +484,25 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
 
 
 def merge_reports(paths: Sequence[Path]) -> dict[str, Any]:
-    """One report from the JSON results of several runs with the same budget (later runs win)."""
+    """One report from the JSON results of several runs with the same settings (later runs win)."""
     reports = [json.loads(path.read_text()) for path in paths]
-    budgets = {report["budget"] for report in reports}
-    if len(budgets) != 1:
-        raise SystemExit(f"Cannot merge runs with different budgets {sorted(budgets)}.")
-    merged: dict[str, Any] = {"commands": [], "versions": [], "budget": budgets.pop(), "skipped": {}, "tables": {}}
+    settings = {
+        # Runs from before stop_at_target existed ran whole studies.
+        (report["budget"], report.get("constraints", True), report.get("stop_at_target", False))
+        for report in reports
+    }
+    if len(settings) != 1:
+        raise SystemExit(f"Cannot merge runs with different (budget, constraints, stop_at_target): {sorted(settings)}.")
+    budget, constraints, stop_at_target = settings.pop()
+    merged: dict[str, Any] = {
+        "commands": [],
+        "versions": [],
+        "budget": budget,
+        "constraints": constraints,
+        "stop_at_target": stop_at_target,
+        "skipped": {},
+        "tables": {},
+    }
     for report in reports:
         merged["commands"] += report["commands"]
         # Runs from before versions were recorded have none.

@@ -25,26 +25,28 @@ import time
 
 from benchmarks._demo_setup import demo_objective
 from benchmarks._versions import versions
-from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization import QuantType
 
-from optuna_quant.quantize import ENTROPY_NUM_BINS
+from optuna_quant.quantize import _family
+from optuna_quant.quantize import _percentile
 from optuna_quant.space import QuantConfig
 
 
 def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> None:
-    """onnxruntime's one-call path with the same settings as the cached step."""
-    method = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-    }.get(config.range_estimator, CalibrationMethod.Percentile)
-    extra = {"ActivationSymmetric": config.symmetric, "WeightSymmetric": config.symmetric}
-    if method == CalibrationMethod.Entropy:
-        extra["CalibNumBins"] = ENTROPY_NUM_BINS
-    if method == CalibrationMethod.Percentile:
-        extra["CalibPercentile"] = float(config.range_estimator.removeprefix("percentile_"))
+    """onnxruntime's one-call path with the same settings as the cached step.
+
+    The calibration method, its bins and its percentile come from the quantizer's own mapping,
+    so that the two paths cannot drift apart.
+    """
+    method, calibrator_options = _family(config.range_estimator)
+    extra: dict[str, object] = {"ActivationSymmetric": config.symmetric, "WeightSymmetric": config.symmetric}
+    if "num_bins" in calibrator_options:
+        extra["CalibNumBins"] = calibrator_options["num_bins"]
+    percentile = _percentile(config.range_estimator)
+    if percentile is not None:
+        extra["CalibPercentile"] = percentile
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(
             str(objective.quantizer.model_path),

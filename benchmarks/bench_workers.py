@@ -12,7 +12,7 @@ per trial (start-up included) show what sharing the study costs, whatever else r
 
 Run::
 
-    python benchmarks/bench_workers.py [--trials 30] [--storage postgresql://...]
+    .venv/bin/python -m benchmarks.bench_workers [--trials 30] [--storage postgresql://...]
 
 Without ``--storage`` a throwaway PostgreSQL server is started from Debian's binaries
 (:func:`optuna_quant.testing.postgres.postgres_server`, as for the tests).
@@ -32,7 +32,6 @@ import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
@@ -90,7 +89,10 @@ def run(storage: str, workers: int, n_trials: int, label: str) -> tuple[float, f
     name = f"bench-workers-{label}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     processes = [
-        subprocess.Popen([sys.executable, __file__, "--worker", storage, name, str(n_trials), str(seed)])
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bench_workers", "--worker", storage, name, str(n_trials), str(seed)],
+            cwd=ROOT,
+        )
         for seed in range(workers)
     ]
     for process in processes:

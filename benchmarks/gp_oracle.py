@@ -6,7 +6,9 @@ target is met. Here they are fitted once on up to 400 rows of the table, knowled
 study has, and kept fixed while the study runs (each trial only conditions the GPs on its data).
 Both samplers run side by side on the same tables and seeds, stopping at the target; the gap
 between them is what learning the hyperparameters costs (or, where the oracle is slower, what
-the fitted ones happen to gain).
+the fitted ones happen to gain). For the default sampler it also compares how well the fitted
+and the oracle's hyperparameters explain each study's trials (log marginal likelihood): where
+the two are close, the trials cannot tell the better hyperparameters apart.
 
 Example:
     .venv/bin/python -m benchmarks.gp_oracle --seeds 100 --seed-offset 100 --jobs 2
@@ -43,6 +45,7 @@ from optuna_quant.samplers._gp_kernel import DiscreteGP  # noqa: E402
 from optuna_quant.samplers.bayesian import BayesianOptimization, _warp  # noqa: E402
 
 FIT_ROWS = 400
+VARIANTS = ("default", "oracle")
 
 
 class FixedGP(DiscreteGP):
@@ -94,18 +97,25 @@ def _table_and_gps(path: str) -> tuple[Table, list[FixedGP]]:
     return table, oracle_gps(table)
 
 
-def run_one(task: tuple[str, str, int, int]) -> int:
-    """Trials-to-target of one study: ``(table path, "default" or "oracle", seed, budget)``."""
+def run_one(task: tuple[str, str, int, int]) -> tuple[int, list[float] | None]:
+    """One study: ``(table path, "default" or "oracle", seed, budget)``.
+
+    Returns its trials-to-target and, for the default sampler, how much better each constraint
+    GP's fitted hyperparameters explain the trials it was last fitted on (the trials before the
+    hit) than the oracle's do: fitted minus oracle log marginal likelihood, in nats (``None``
+    when the first trial met the targets and no GP was fitted).
+    """
     path, variant, seed, budget = task
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     table, gps = _table_and_gps(path)
-    if variant == "oracle":
-        factory = lambda s: OracleGPSampler(gps, seed=s)  # noqa: E731
-    else:
-        factory = lambda s: DiscreteGPSampler(seed=s)  # noqa: E731
-    trace = run_optuna(factory, table, seed, budget, constraints=True, stop_at_target=True)
-    return trials_to_target(trace, table, budget)
+    sampler = OracleGPSampler(gps, seed=seed) if variant == "oracle" else DiscreteGPSampler(seed=seed)
+    trace = run_optuna(lambda s: sampler, table, seed, budget, constraints=True, stop_at_target=True)
+    gaps = None
+    if variant == "default" and sampler._optimizer is not None and sampler._optimizer._constraint_gps:
+        fitted = sampler._optimizer._constraint_gps
+        gaps = [gp.log_marginal_likelihood() - gp.log_marginal_likelihood(o.log_params) for gp, o in zip(fitted, gps)]
+    return trials_to_target(trace, table, budget), gaps
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -120,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     paths = [str(p) for p in table_paths(args.tables)]
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
-    tasks = [(p, v, s, args.budget) for p in paths for v in ("default", "oracle") for s in seeds]
+    tasks = [(p, v, s, args.budget) for p in paths for v in VARIANTS for s in seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
-        hits = list(pool.map(run_one, tasks, chunksize=4))
+        outcomes = dict(zip(tasks, pool.map(run_one, tasks, chunksize=4)))
     results: dict[str, Any] = {
         "command": ".venv/bin/python -m benchmarks.gp_oracle " + " ".join(sys.argv[1:] if argv is None else argv),
         "versions": versions(),
@@ -130,19 +140,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "budget": args.budget,
         "tables": {},
     }
-    print("| table | default: median (IQR) | oracle hyperparameters: median (IQR) |")
-    print("|---|---|---|")
-    for i, path in enumerate(paths):
-        name = Path(path).stem
-        cells, per_variant = [], {}
-        for j, variant in enumerate(("default", "oracle")):
-            start = (2 * i + j) * len(seeds)
-            seed_hits = hits[start : start + len(seeds)]
-            q25, median, q75 = quartiles(seed_hits)
-            cells.append(f"{median:.1f} ({q25:.1f}-{q75:.1f})")
-            per_variant[variant] = {"median": median, "q25": q25, "q75": q75, "per_seed": seed_hits}
-        results["tables"][name] = per_variant
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(
+        "| table | default: median (IQR) | oracle hyperparameters: median (IQR) "
+        "| log likelihood, fitted minus oracle, median: accuracy GP | latency GP |"
+    )
+    print("|---|---|---|---|---|")
+    for path in paths:
+        entry: dict[str, Any] = {}
+        for variant in VARIANTS:
+            hits = [outcomes[(path, variant, s, args.budget)][0] for s in seeds]
+            q25, median, q75 = quartiles(hits)
+            entry[variant] = {"median": median, "q25": q25, "q75": q75, "per_seed": hits}
+        gaps = [g for s in seeds if (g := outcomes[(path, "default", s, args.budget)][1]) is not None]
+        entry["log_likelihood_gap"] = {"median": np.median(gaps, axis=0).tolist(), "per_seed": gaps}
+        results["tables"][Path(path).stem] = entry
+        cells = [f"{entry[v]['median']:.1f} ({entry[v]['q25']:.1f}-{entry[v]['q75']:.1f})" for v in VARIANTS]
+        cells += [f"{gap:.1f}" for gap in entry["log_likelihood_gap"]["median"]]
+        print(f"| {Path(path).stem} | " + " | ".join(cells) + " |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return results

@@ -1,6 +1,6 @@
 """QAT recipe: when PTQ's best configuration misses the accuracy target, fine-tune in fake quant.
 
-1. The model: the demo's wide CNN (64/128/128/128 channels) trained on the 5,000 MNIST digits, made
+1. The model: the demo's wide CNN (64/128/128/128 channels) trained on 3,500 of the 5,000 MNIST digits, made
    as sensitive to int8 as real MobileNets by the demo's function-preserving channel rescaling of
    the conv 4 -> ReLU -> conv 6 pair (:func:`examples.demo_model.sensitise`), kept as a torch
    model so that it can be fine-tuned. The trained weights are cached in ``.cache/qat``.

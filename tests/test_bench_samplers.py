@@ -199,10 +199,15 @@ def test_runs_merge_into_one_report(tmp_path: Path) -> None:
     assert {name: r["seeds"] for name, r in samplers.items()} == {"random": 2, "optuna-tpe": 1}
     assert len(merged["commands"]) == 2
     assert [v["optuna"] for v in merged["versions"]] == [optuna.__version__] * 2  # one per run
+    # A run stopped at its target does not mix with whole studies.
+    stopped = str(tmp_path / "stopped.json")
+    main([*common, "--samplers", "random", "--seeds", "1", "--stop-at-target", "--out", stopped])
+    with pytest.raises(SystemExit, match="stop_at_target"):
+        main([*common, "--from-results", runs[0], stopped, "--out", str(tmp_path / "mixed.json")])
 
 
 def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
-    from benchmarks.gp_oracle import OracleGPSampler, oracle_gps, run_one
+    from benchmarks.gp_oracle import OracleGPSampler, _table_and_gps, oracle_gps, run_one
     from optuna_quant.samplers import DiscreteGPSampler
 
     table = Table.load(TABLES_DIR / "mlp.json")
@@ -218,4 +223,16 @@ def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
     assert all(np.array_equal(gp.theta, theta) for gp, theta in zip(used, fitted))  # ... as fitted
     learnt = default._optimizer._constraint_gps
     assert not all(np.allclose(gp.theta, theta) for gp, theta in zip(learnt, fitted))
-    assert all(1 <= run_one((str(TABLES_DIR / "mlp.json"), v, 5, 15)) <= 16 for v in ("default", "oracle"))
+    (hit, gaps), (oracle_hit, oracle_gaps) = (run_one((str(TABLES_DIR / "mlp.json"), v, 5, 15)) for v in ("default", "oracle"))
+    assert 1 <= hit <= 16 and 1 <= oracle_hit <= 16
+    assert len(gaps) == 2 and np.all(np.isfinite(gaps)) and oracle_gaps is None
+    # The same study run here: the same hit, and the gaps recomputed from its fitted GPs.
+    sampler = DiscreteGPSampler(seed=5)
+    trace = run_optuna(lambda s: sampler, table, seed=5, budget=15, constraints=True, stop_at_target=True)
+    assert hit == trials_to_target(trace, table, 15)
+    table_gps = _table_and_gps(str(TABLES_DIR / "mlp.json"))[1]
+    expected = [
+        gp.log_marginal_likelihood() - gp.log_marginal_likelihood(o.log_params)
+        for gp, o in zip(sampler._optimizer._constraint_gps, table_gps)
+    ]
+    assert gaps == pytest.approx(expected)
