@@ -1,13 +1,14 @@
 """Claims that workers of one study hold on shared work, and how a worker tells a claim was abandoned.
 
-A worker is named ``"host:pid"``. It refreshes a claim while it works on it (:class:`KeepClaim`);
-others wait on the claim (:class:`ClaimWatch`) and take the work over when the claim stops
-changing for ``CLAIM_STALE_SECONDS``, or at once when its worker is a dead process of this machine.
-Clocks of two machines differ, so a claim is judged by whether it changes, as seen from here.
+A worker is named ``"host:pid"``. It refreshes a claim while it works on it and releases it if
+the work fails (:class:`KeepClaim`); others wait on the claim (:class:`ClaimWatch`) and take the
+work over once it is released, when it stops changing for ``CLAIM_STALE_SECONDS``, or at once when
+its worker is a dead process of this machine. Clocks of two machines differ, so a claim is judged
+by whether it changes, as seen from here.
 
 Example:
-    >>> dead_here(WORKER)  # this process's own claim, left by an earlier failed call
-    True
+    >>> dead_here(WORKER)  # this process: its claim may be another thread's, still working
+    False
 """
 
 from __future__ import annotations
@@ -53,12 +54,10 @@ class ClaimWatch:
 
 
 def dead_here(worker: str) -> bool:
-    """Whether ``worker`` ("host:pid") is this process, or a process of this machine that is gone."""
+    """Whether ``worker`` ("host:pid") is a process of this machine that is gone."""
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname():
         return False
-    if worker == WORKER:
-        return True  # an earlier call of this process failed while measuring
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -69,7 +68,11 @@ def dead_here(worker: str) -> bool:
 
 
 class KeepClaim:
-    """Refreshes this worker's reference claim while it measures, so others see it is alive."""
+    """Refreshes this worker's reference claim while it measures, so others see it is alive.
+
+    If the measurement raises, the claim is released, so that the next call (of this worker or
+    another) measures the reference at once instead of waiting for the claim to turn stale.
+    """
 
     def __init__(self, study: optuna.Study) -> None:
         self.study = study
@@ -79,9 +82,11 @@ class KeepClaim:
     def __enter__(self) -> None:
         self.thread.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.stop.set()
-        self.thread.join()
+        self.thread.join()  # before releasing: a refresh written after it would claim again
+        if exc_type is not None:
+            self.study.set_user_attr(REFERENCE_CLAIM_KEY, None)
 
     def _refresh(self) -> None:
         beat = 0

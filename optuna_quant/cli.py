@@ -147,9 +147,9 @@ def _run(config: RunConfig, study: QuantStudy) -> int:
         return 1
     _print_best(best)
     if study.node_modules:
-        print(f"Layers kept in fp32: {', '.join(study.fallback_modules()) or 'none'}")
+        print(f"Layers kept in fp32: {', '.join(study.fallback_modules(best)) or 'none'}")
     if config.get("export"):
-        _export(study, config.get("export"))
+        _export(study, config.get("export"), best)
     return 0
 
 
@@ -180,7 +180,7 @@ def _best(args: argparse.Namespace) -> int:
     if best is None:
         raise UsageError(f"{config.path}: study {config.study_name!r} has no completed trial.")
     _print_best(best)
-    _export(study, path)
+    _export(study, path, best)
     return 0
 
 
@@ -219,8 +219,8 @@ def _print_best(best: BestResult) -> None:
     print(best.configuration())
 
 
-def _export(study: QuantStudy, path: str) -> None:
-    study.export_best(path)
+def _export(study: QuantStudy, path: str, best: BestResult) -> None:
+    study.export_best(path, best)
     print(f"Exported the int8 model to {path}")
 
 

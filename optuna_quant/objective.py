@@ -184,8 +184,8 @@ class QuantizationObjective:
             self.latency_feed = batch_of(feeds, self.benchmark.batch_size)
         except ValueError as err:
             raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
-        self.quantizer = Quantizer(self.model, feeds)
         serialized = self.model.SerializeToString()  # once: large models take seconds
+        self.quantizer = Quantizer(serialized, feeds)
         self.model_sha256 = hashlib.sha256(serialized).hexdigest()
         self._fp32_session = self._session(serialized)
         self.scaling: LossScaling | None = None
@@ -204,9 +204,17 @@ class QuantizationObjective:
             raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
         return checked_score(value, f"eval_fn on the {what} model")
 
+    def build(self, params: Mapping[str, Any]) -> onnx.ModelProto:
+        """The int8 model of the configuration ``params``, from cached calibration.
+
+        Raises:
+            ValueError: If ``params`` do not describe a configuration of the space.
+        """
+        return self.quantizer.quantize(self.space.to_config(params))
+
     def accuracy(self, params: Mapping[str, Any]) -> float:
         """The int8 score of the configuration ``params``, without timing it."""
-        return self._evaluate(self._session(self.quantizer.quantize(self.space.to_config(params))), "int8")
+        return self._evaluate(self._session(self.build(params)), "int8")
 
     def measure(self, params: Mapping[str, Any]) -> Measurement:
         """Build, evaluate and time the configuration ``params`` (no study needed).
@@ -215,9 +223,8 @@ class QuantizationObjective:
             ValueError: If ``params`` do not describe a configuration of the space.
             RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
         """
-        config = self.space.to_config(params)
         start = time.perf_counter()
-        int8_model = self.quantizer.quantize(config)
+        int8_model = self.build(params)
         return self.measure_model(int8_model, quantize_seconds=time.perf_counter() - start)
 
     def measure_model(self, int8_model: onnx.ModelProto, *, quantize_seconds: float = 0.0) -> Measurement:
@@ -274,8 +281,9 @@ class QuantizationObjective:
 
         The first worker claims the reference configuration (the space's default) under the
         study lock, measures it, records it as a trial and stores the scaling; a worker that
-        starts meanwhile waits for that scaling rather than measuring a second one. A claim whose
-        worker stopped refreshing it for ``claims.CLAIM_STALE_SECONDS`` is taken over.
+        starts meanwhile waits for that scaling rather than measuring a second one. A measurement
+        that raises releases the claim, and a claim whose worker stopped refreshing it for
+        ``claims.CLAIM_STALE_SECONDS`` is taken over.
 
         Raises:
             ValueError: If the study was made for another model, space or targets.
@@ -351,7 +359,7 @@ class QuantizationObjective:
         params = self.space.suggest(trial)
         total = "?" if self.max_trials is None else self.max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number + 1, total)
-        previous = self._claim(study, trial, params)
+        previous, seen = self._claim(study, trial, params)
         if previous is not None:
             for key, value in previous.user_attrs.items():
                 # The result is copied, not who measured it nor the reference flag.
@@ -365,7 +373,7 @@ class QuantizationObjective:
                 previous.user_attrs["acc_loss"],
                 previous.user_attrs["lat_diff"],
             )
-            self._log_end(study, trial.number, total)
+            self._log_end(seen, trial.number, total)
             return list(previous.values) if self.objective_mode == "pareto" else float(previous.value)
         self._prune_if_target_reached(study)
         try:
@@ -386,30 +394,37 @@ class QuantizationObjective:
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        self._log_end(study, trial.number, total, (measurement.acc_loss, measurement.lat_diff, loss))
+        self._log_end(seen, trial.number, total, (measurement.acc_loss, measurement.lat_diff, loss))
         values = self._values(measurement.acc_loss, measurement.lat_diff, loss)
         return values if self.objective_mode == "pareto" else values[0]
 
-    def _claim(self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]) -> FrozenTrial | None:
+    def _claim(
+        self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
+    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
         """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
 
         A configuration that another running trial is measuring is waited for, so that no two
         workers measure it twice; if that trial fails or its worker dies, this one measures it.
+
+        Returns:
+            That trial or ``None``, and the complete and running trials read to decide, which
+            the trial's last log line reuses.
         """
         watch = ClaimWatch(self.wait_timeout)
         while True:
             with self.lock():
                 measuring = None
-                for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+                seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+                for other in seen:
                     if other.number == trial.number or other.params != params:
                         continue
                     if other.state == TrialState.COMPLETE and "acc_loss" in other.user_attrs:
-                        return other
+                        return other, seen
                     if other.state == TrialState.RUNNING and WORKER_KEY in other.user_attrs:
                         measuring = other
                 if measuring is None:
                     trial.set_user_attr(WORKER_KEY, WORKER)
-                    return None
+                    return None, seen
             # Fail the trial of a dead worker (if the storage runs a heartbeat) so the wait ends.
             with optuna_warnings_off():
                 optuna.storages.fail_stale_trials(study)
@@ -422,9 +437,15 @@ class QuantizationObjective:
                 raise optuna.TrialPruned(f"Trial {number} already met both targets.")
 
     def _log_end(
-        self, study: optuna.Study, number: int, total: object, current: tuple[float, float, float] | None = None
+        self,
+        seen: list[FrozenTrial],
+        number: int,
+        total: object,
+        current: tuple[float, float, float] | None = None,
     ) -> None:
-        trials = recorded(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        # ``seen`` is what _claim read before measuring. A trial that another worker finished
+        # meanwhile is missing, which is fine for a log line and spares reading every trial again.
+        trials = recorded(seen)
         results = [result_of(t) for t in trials] + ([] if current is None else [Result(*current)])
         index = best_index(results, self.targets)
         if index is not None:

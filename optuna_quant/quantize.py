@@ -68,17 +68,18 @@ class Quantizer:
 
     Args:
         model: The fp32 model (checked, with named nodes: see
-            :func:`optuna_quant.model_io.load_model`).
+            :func:`optuna_quant.model_io.load_model`), or its serialized bytes when the caller
+            has them already: serializing a large model takes seconds.
         calibration_feeds: Input dicts to calibrate on.
 
     Attributes:
         calibration_seconds: Time spent calibrating so far, by calibration family.
     """
 
-    def __init__(self, model: onnx.ModelProto, calibration_feeds: Sequence[Feed]) -> None:
+    def __init__(self, model: onnx.ModelProto | bytes, calibration_feeds: Sequence[Feed]) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="optuna-quant-")
         self.model_path = Path(self._tmp.name) / "model.onnx"
-        onnx.save(model, str(self.model_path))
+        self.model_path.write_bytes(model if isinstance(model, bytes) else model.SerializeToString())
         # The quantizer needs value_info for every tensor; load once, copy per trial.
         self._model = load_model_with_shape_infer(self.model_path)
         self._feeds = list(calibration_feeds)

@@ -62,7 +62,8 @@ def render_report(study: optuna.Study) -> str:
     """
     targets = study_targets(study)
     trials = study.get_trials(deepcopy=False)
-    best = best_trial(trials, targets)
+    points = recorded(trials)  # the trials with a measurement, which every figure plots
+    best = best_trial(points, targets)
     if best is None:
         raise ValueError(f"Study {study.study_name!r} has no completed trial to report.")
     result = BestResult.from_trial(best, targets)
@@ -86,9 +87,9 @@ def render_report(study: optuna.Study) -> str:
             f"<h1>optuna-quant study {name}</h1>",
             _table(overview),
             "<h2>Optimisation history</h2>",
-            _image(_history_figure(trials, targets), "loss per trial and best so far"),
+            _image(_history_figure(points, targets), "loss per trial and best so far"),
             "<h2>Accuracy loss against speed-up</h2>",
-            _image(_tradeoff_figure(trials, targets, best), "acc_loss against lat_diff with the targets"),
+            _image(_tradeoff_figure(points, targets, best), "acc_loss against lat_diff with the targets"),
             f"<h2>Best configuration (trial {result.number})</h2>",
             _table({**measured, "loss": result.loss}),
             _table(dict(sorted(result.params.items())), header=("parameter", "value")),
@@ -127,8 +128,7 @@ def _new_figure() -> Figure:
     return Figure(figsize=(8, 4.5))
 
 
-def _history_figure(trials: list[FrozenTrial], targets: Targets) -> Figure:
-    points = recorded(trials)
+def _history_figure(points: list[FrozenTrial], targets: Targets) -> Figure:
     figure = _new_figure()
     axes = figure.subplots()
     numbers = [t.number for t in points]
@@ -161,8 +161,7 @@ def _running_best(points: Sequence[FrozenTrial], targets: Targets) -> list[Froze
     return best
 
 
-def _tradeoff_figure(trials: list[FrozenTrial], targets: Targets, best: FrozenTrial) -> Figure:
-    points = recorded(trials)
+def _tradeoff_figure(points: list[FrozenTrial], targets: Targets, best: FrozenTrial) -> Figure:
     figure = _new_figure()
     axes = figure.subplots()
     met = [targets.met(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"]) for t in points]

@@ -204,9 +204,14 @@ class QuantStudy:
         """For a study of a ``torch.nn.Module``: the module name of each tunable ONNX node."""
         return dict(self.study.user_attrs.get(MODULES_KEY, {}))
 
-    def fallback_modules(self) -> list[str]:
-        """The layers that the best trial keeps in fp32, by module name where one is known."""
-        best = self.best_result
+    def fallback_modules(self, best: BestResult | None = None) -> list[str]:
+        """The layers that the best trial keeps in fp32, by module name where one is known.
+
+        Args:
+            best: The best result when the caller has it, as :meth:`optimize` returns it;
+                otherwise it is read from the study.
+        """
+        best = self.best_result if best is None else best
         if best is None:
             return []
         names = self.node_modules
@@ -234,16 +239,25 @@ class QuantStudy:
 
     def _model_of(self, best: BestResult) -> onnx.ModelProto:
         if self._built is None or self._built[0] != best.number:
-            model = self.objective.quantizer.quantize(self.objective.space.to_config(best.params))
+            model = self.objective.build(best.params)
             self._built = (best.number, model)
         return self._built[1]
 
-    def export_best(self, path: str | Path) -> BestResult:
+    def export_best(self, path: str | Path, best: BestResult | None = None) -> BestResult:
         """Write the best int8 model to ``path``; a run that missed a target still exports its best.
 
         The model is also stored as an artifact of the study (see :mod:`optuna_quant.artifacts`).
+
+        Args:
+            path: Where to write the model.
+            best: The best result when the caller has it, as :meth:`optimize` returns it;
+                otherwise it is read from the study.
+
+        Raises:
+            RuntimeError: If no trial has completed.
         """
-        best = self._require_best()
+        if best is None:
+            best = self._require_best()
         model = self._model_of(best)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,20 +6,27 @@ import threading
 import time
 from pathlib import Path
 
+import onnx
 import optuna
 from optuna.artifacts import get_all_artifact_meta
 from optuna.trial import TrialState
 import pytest
 
+from conftest import assert_int8_layers
 import optuna_quant as oq
 from optuna_quant.artifacts import model_filename
 from optuna_quant.budget import counted_trials
 from optuna_quant.budget import RESERVED_KEY
 from optuna_quant.budget import reserve_trial
 from optuna_quant.claims import REFERENCE_CLAIM_KEY
+from optuna_quant.claims import WORKER
 from optuna_quant.objective import FP32_ACCURACY_KEY
 from optuna_quant.objective import SCALING_KEY
+from optuna_quant.objective import WORKER_KEY
+from optuna_quant.storage import DEFAULT_ARTIFACT_DIR
 from optuna_quant.storage import default_artifact_dir
+from optuna_quant.storage import GRACE_PERIOD
+from optuna_quant.storage import HEARTBEAT_INTERVAL
 from optuna_quant.storage import heartbeat_interval
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import sqlite_file
@@ -50,6 +57,16 @@ def test_heartbeat_only_for_database_servers(tmp_path) -> None:
     assert default_artifact_dir(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s-artifacts"
     memory = optuna.storages.InMemoryStorage()
     assert open_storage(memory) is memory
+
+
+@pytest.mark.postgres
+def test_heartbeat_on_a_database_server(postgres_url) -> None:
+    storage = open_storage(postgres_url)
+    assert heartbeat_interval(storage) == HEARTBEAT_INTERVAL
+    assert storage.grace_period == GRACE_PERIOD
+    assert heartbeat_interval(open_storage(postgres_url, heartbeat_interval=3)) == 3
+    assert sqlite_file(storage) is None
+    assert default_artifact_dir(storage) == Path(DEFAULT_ARTIFACT_DIR)  # no file to put them beside
 
 
 def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:
@@ -92,7 +109,9 @@ def test_budget_counts_a_retried_trial_once_and_runs_queued_trials_first() -> No
 
 
 def test_second_worker_waits_for_the_reference_of_the_first(cnn_path, calib, agreement, fast_bench) -> None:
-    study = optuna.create_study()
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    shared_lock = study_lock(storage, study.study_name)
     study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": "elsewhere:1", "beat": 0})
     calls = []
 
@@ -100,26 +119,92 @@ def test_second_worker_waits_for_the_reference_of_the_first(cnn_path, calib, agr
         calls.append(1)
         return agreement(session)
 
-    waiter = oq.QuantizationObjective(cnn_path, calib, counting, benchmark=fast_bench, wait_timeout=0.5)
+    waiter = oq.QuantizationObjective(
+        cnn_path, calib, counting, benchmark=fast_bench, lock=shared_lock, wait_timeout=0.5
+    )
     with pytest.raises(TimeoutError, match="reference trial of worker elsewhere:1"):
         waiter.prepare(study)
-
-    scaling = {"acc_min": 1.0, "acc_max": 1.01, "acc_scale": 1000.0, "lat_min": -60.0, "lat_max": -55.0, "lat_scale": 2.0}
-
-    def finish_reference() -> None:
-        time.sleep(0.5)
-        study.set_user_attr(FP32_ACCURACY_KEY, 1.0)
-        study.set_user_attr(SCALING_KEY, scaling)
-
-    waiter.wait_timeout = 30
-    thread = threading.Thread(target=finish_reference)
-    thread.start()
-    waiter.prepare(study)
-    thread.join()
-    assert waiter.scaling is not None and waiter.scaling.acc_scale == 1000.0
-    assert calls == [] and study.trials == []  # it measured nothing: the other worker did
     # The waiter never took the other worker's claim over.
     assert study.user_attrs[REFERENCE_CLAIM_KEY]["worker"] == "elsewhere:1"
+    assert calls == [] and study.trials == []
+
+    # That worker gives its claim up, as a failed measurement does; a real first worker (a thread
+    # here) claims the reference and measures it, its first evaluation held until the waiter
+    # has seen the claim and polled again.
+    polls = []
+    polled_twice = threading.Event()
+
+    def watched_lock():
+        polls.append(1)
+        if len(polls) == 2:
+            polled_twice.set()
+        return shared_lock()
+
+    claimed = threading.Event()
+
+    def held_first(session):
+        if not claimed.is_set():
+            claimed.set()
+            polled_twice.wait(timeout=30)
+        return agreement(session)
+
+    worker = oq.QuantizationObjective(cnn_path, calib, held_first, benchmark=fast_bench, lock=shared_lock)
+    errors = []
+
+    def run_worker() -> None:
+        try:
+            worker.prepare(study)
+        except BaseException as err:  # re-raised by the assertions below
+            errors.append(err)
+
+    study.set_user_attr(REFERENCE_CLAIM_KEY, None)
+    thread = threading.Thread(target=run_worker)
+    thread.start()
+    assert claimed.wait(timeout=30), errors
+    assert study.user_attrs[REFERENCE_CLAIM_KEY]["worker"] == WORKER and SCALING_KEY not in study.user_attrs
+    waiter.lock = watched_lock
+    waiter.wait_timeout = 30
+    waiter.prepare(study)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and errors == []
+    assert polled_twice.is_set()  # the waiter saw the claim and waited
+    assert waiter.scaling is not None and worker.scaling is not None
+    # It took the scaling and fp32 score that the other worker measured and stored.
+    assert waiter.scaling == worker.scaling
+    assert waiter.scaling.to_dict() == study.user_attrs[SCALING_KEY]
+    assert waiter.fp32_accuracy == worker.fp32_accuracy == study.user_attrs[FP32_ACCURACY_KEY]
+    assert calls == []  # it measured nothing: the other worker did
+    (reference,) = study.trials
+    assert reference.user_attrs["reference"] is True and reference.user_attrs[WORKER_KEY] == WORKER
+
+
+def test_failed_reference_releases_its_claim_for_a_retry(cnn_path, calib, agreement, fast_bench) -> None:
+    study = optuna.create_study()
+    calls = []
+
+    def fails_first(session):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("dataset shard unreadable")
+        return agreement(session)
+
+    objective = oq.QuantizationObjective(cnn_path, calib, fails_first, benchmark=fast_bench, wait_timeout=0.5)
+    with pytest.raises(RuntimeError, match="dataset shard unreadable"):
+        objective.prepare(study)
+    assert study.user_attrs[REFERENCE_CLAIM_KEY] is None  # released: no wait for it to turn stale
+    objective.prepare(study)  # the retry of the same process measures the reference at once
+    assert objective.scaling is not None
+    assert [t.user_attrs.get("reference") for t in study.trials] == [True]
+
+
+def test_a_claim_of_this_process_is_waited_for_not_taken_over(cnn_path, calib, agreement, fast_bench) -> None:
+    # Another thread of this process measures the reference: a second thread must not measure it too.
+    study = optuna.create_study()
+    study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": 0})
+    objective = oq.QuantizationObjective(cnn_path, calib, agreement, benchmark=fast_bench, wait_timeout=0.5)
+    with pytest.raises(TimeoutError, match="reference trial of worker"):
+        objective.prepare(study)
+    assert study.trials == []
 
 
 def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, make_study) -> None:
@@ -131,6 +216,10 @@ def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, make_study) -> No
     study.export_best(tmp_path / "best.onnx")  # the same model: not stored twice
     assert len(get_all_artifact_meta(study.study)) == 1
     assert len(list((tmp_path / "study-artifacts").iterdir())) == 1
+    # The exported file is the stored artifact, and the int8 model of the best trial.
+    (stored,) = (tmp_path / "study-artifacts").iterdir()
+    assert (tmp_path / "best.onnx").read_bytes() == stored.read_bytes()
+    assert_int8_layers(onnx.load(str(tmp_path / "best.onnx")), best.params)
 
 
 def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_study) -> None:
