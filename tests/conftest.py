@@ -1,20 +1,26 @@
 """Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings.
 
-``make_study`` creates a study of that CNN in tmp_path; ``tuned`` is the config of a CLI project
-whose study the CLI has run. ``postgres_url`` is a throwaway PostgreSQL database
-(:mod:`optuna_quant.testing.postgres`).
+``make_study`` creates a study of that CNN in tmp_path; ``write_project`` writes a CLI project
+and ``load_project_study`` reads its study back; ``tuned`` is the config of a CLI project whose
+study the CLI has run. ``postgres_url`` is a throwaway PostgreSQL database
+(:mod:`optuna_quant.testing.postgres`). ``subprocess_env`` is the environment of the processes the
+tests start; ``assert_int8_layers`` checks which layers of an int8 model are quantized.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import optuna
 import pytest
 import yaml
 
@@ -31,6 +37,39 @@ from optuna_quant.testing.postgres import postgres_server
 
 FAST_BENCH = BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03)
 """Latency settings that keep each measurement short; the CLI configs get them as a mapping."""
+
+CNN_LAYERS = ("conv1", "conv2", "fc")
+"""The tunable nodes of :func:`examples.tiny_cnn.build_cnn`'s model."""
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a process a test starts: this one's, with OpenBLAS on one thread, plus ``extra``.
+
+    One BLAS thread per process keeps several workers (and pytest itself) from oversubscribing
+    the few cores of a test machine.
+    """
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1", **extra}
+
+
+def assert_int8_layers(
+    model: onnx.ModelProto, params: Mapping[str, Any], layers: Iterable[str] = CNN_LAYERS
+) -> None:
+    """Assert that ``model`` is the int8 model of ``params``: each of ``layers`` is a node of it,
+    whose weight comes from a DequantizeLinear exactly when ``params`` does not keep it in fp32
+    (``"layer:<name>": "fp32"``)."""
+    layers = tuple(layers)
+    tuned = {key.removeprefix("layer:") for key in params if key.startswith("layer:")}
+    assert tuned <= set(layers), f"params name layers that are not checked: {tuned - set(layers)}"
+    fallback = {name for name in layers if params.get(f"layer:{name}") == "fp32"}
+    produced_by = {output: n.op_type for n in model.graph.node for output in n.output}
+    nodes = {n.name: n for n in model.graph.node if n.name in layers}
+    assert set(nodes) == set(layers), f"layers missing from the model: {set(layers) - set(nodes)}"
+    for name, node in nodes.items():  # int8 weights come from a DequantizeLinear, fp32 ones do not
+        quantized = produced_by.get(node.input[1]) == "DequantizeLinear"
+        assert quantized == (name not in fallback), (
+            f"{name}: weight {'quantized' if quantized else 'fp32'}, params keep it in "
+            f"{'fp32' if name in fallback else 'int8'}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +146,12 @@ def write_project(
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def load_project_study(folder: Path, name: str = "cli") -> optuna.Study:
+    """Study ``name`` of the project that :func:`write_project` wrote into ``folder`` (its
+    ``study.db``), as the CLI stored it."""
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/study.db")
 
 
 @pytest.fixture(scope="module")

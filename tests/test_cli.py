@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 import subprocess
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import optuna
 import pytest
 
+from conftest import assert_int8_layers
+from conftest import load_project_study
+from conftest import subprocess_env
 from conftest import write_project
 from optuna_quant.cli import main
+from optuna_quant.loss import Targets
 from optuna_quant.objective import SPACE_KEY
+from optuna_quant.objective import TARGETS_KEY
+from optuna_quant.results import best_trial
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
 
 
-def _load(folder: Path, name: str = "cli") -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/study.db")
-
-
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.run(
-        [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=300
     )
+
+
+def _best(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The best trial of ``study`` by POT's rule, under the targets the study stored."""
+    best = best_trial(study.trials, Targets(**study.user_attrs[TARGETS_KEY]))
+    assert best is not None
+    return best
 
 
 def test_tune_end_to_end_from_another_directory(tmp_path, cnn, calib, agreement) -> None:
@@ -40,8 +48,12 @@ def test_tune_end_to_end_from_another_directory(tmp_path, cnn, calib, agreement)
     assert "Best trial " in done.stdout and "Best configuration:" in done.stdout
     exported = tmp_path / "project" / "out" / "best.int8.onnx"
     ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
-    study = _load(tmp_path / "project")
+    study = load_project_study(tmp_path / "project")
     assert len(study.trials) == 3
+    # The exported model is the int8 model of the best trial that the run printed.
+    best = _best(study)
+    assert f"Best trial {best.number}:" in done.stdout
+    assert_int8_layers(onnx.load(str(exported)), best.params)
     assert study.metric_names == ["loss"]
     assert not list(elsewhere.iterdir())  # every relative path resolved against the config's folder
 
@@ -100,17 +112,17 @@ def test_entry_points_from_the_config_folder(tmp_path, cnn, calib, agreement, ca
     monkeypatch.chdir(tmp_path)  # the entry points read their files relative to the working directory
     assert main(["tune", "run.yaml"]) == 0
     assert "Best trial " in capsys.readouterr().out
-    assert len(_load(tmp_path).trials) == 2
+    assert len(load_project_study(tmp_path).trials) == 2
 
 
 def test_worker_joins_the_existing_study(tmp_path, cnn, calib, agreement, capsys) -> None:
     folder = tmp_path / "worker"
     config = write_project(folder, cnn, calib, agreement, max_trials=2)
     assert main(["tune", str(config)]) == 0
-    first = [(t.number, t.params) for t in _load(folder).trials]
+    first = [(t.number, t.params) for t in load_project_study(folder).trials]
     joining = write_project(folder, cnn, calib, agreement, max_trials=4)
     assert main(["worker", str(joining)]) == 0
-    trials = _load(folder).trials
+    trials = load_project_study(folder).trials
     assert len(trials) == 4 and [(t.number, t.params) for t in trials[:2]] == first
     assert sum(1 for t in trials if t.user_attrs.get("reference")) == 1  # the worker reused the scaling
     capsys.readouterr()
@@ -124,13 +136,16 @@ def test_worker_joins_the_existing_study(tmp_path, cnn, calib, agreement, capsys
 
 def test_best_exports_the_stored_best_model(tuned, tmp_path, capsys) -> None:
     out = tmp_path / "best.int8.onnx"
-    n_trials = len(_load(tuned.parent).trials)
+    n_trials = len(load_project_study(tuned.parent).trials)
     assert main(["best", str(tuned), "--export", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Best trial " in printed and f"Exported the int8 model to {out}" in printed
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert session.run(None, {"input": np.zeros((1, 3, 12, 12), np.float32)})[0].shape == (1, 10)
-    assert len(_load(tuned.parent).trials) == n_trials  # eval runs no trial
+    best = _best(load_project_study(tuned.parent))
+    assert f"Best trial {best.number}:" in printed
+    assert_int8_layers(onnx.load(str(out)), best.params)
+    assert len(load_project_study(tuned.parent).trials) == n_trials  # eval runs no trial
     assert main(["best", str(tuned)]) == 2
     assert "give --export PATH" in capsys.readouterr().err
 
@@ -142,19 +157,29 @@ def test_fine_tune_then_best_of_the_fine_tune_study(tuned, capsys) -> None:
         + "trials_load_method: fine_tune\nscopes: [range_estimator]\nexport: fine.int8.onnx\n"
     )
     assert main(["tune", str(fine)]) == 0
-    study = _load(tuned.parent, "cli-fine_tune")
+    study = load_project_study(tuned.parent, "cli-fine_tune")
     assert len(study.trials) == 3
     assert all(set(t.params) == {"range_estimator"} for t in study.trials)
     assert main(["best", str(fine)]) == 0
-    assert "Best trial " in capsys.readouterr().out
-    ort.InferenceSession(str(tuned.with_name("fine.int8.onnx")), providers=["CPUExecutionProvider"])
+    printed = capsys.readouterr().out
+    assert "Best trial " in printed
+    exported = tuned.with_name("fine.int8.onnx")
+    ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    # The fine-tune best's model: its range estimator, the layers in fp32 that the narrowed
+    # space's base (the earlier best) keeps there.
+    best = _best(study)
+    assert f"Best trial {best.number}:" in printed
+    base_fallback = {f"layer:{name}": "fp32" for name in study.user_attrs[SPACE_KEY]["base"]["fallback"]}
+    tuned_best = _best(load_project_study(tuned.parent))
+    assert base_fallback == {k: v for k, v in tuned_best.params.items() if k.startswith("layer:") and v == "fp32"}
+    assert_int8_layers(onnx.load(str(exported)), {**base_fallback, **best.params})
     # A worker process joins the fine-tune study, on the space narrowed around the earlier best.
     space = study.user_attrs[SPACE_KEY]
     fine.write_text(fine.read_text().replace("max_trials: 3", "max_trials: 4"))
     done = _run_cli("worker", str(fine), cwd=tuned.parent)
     assert done.returncode == 0, done.stderr
     assert "Trial iteration start: 4 / 4" in done.stderr
-    study = _load(tuned.parent, "cli-fine_tune")
+    study = load_project_study(tuned.parent, "cli-fine_tune")
     assert len(study.trials) == 4 and set(study.trials[-1].params) == {"range_estimator"}
     assert study.user_attrs[SPACE_KEY] == space
     assert sum(1 for t in study.trials if t.user_attrs.get("reference")) == 1
@@ -164,7 +189,7 @@ def test_fine_tune_then_best_of_the_fine_tune_study(tuned, capsys) -> None:
     capsys.readouterr()
     assert main(["worker", str(other)]) == 2
     assert "fine_mode.yaml: Study 'cli-fine_tune' was made with another search space" in capsys.readouterr().err
-    assert len(_load(tuned.parent, "cli-fine_tune").trials) == 4
+    assert len(load_project_study(tuned.parent, "cli-fine_tune").trials) == 4
 
 
 def test_report_command(tuned, tmp_path, capsys) -> None:

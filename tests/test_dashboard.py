@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,7 +20,13 @@ import onnx
 import optuna
 import pytest
 
+from conftest import assert_int8_layers
+from conftest import load_project_study
+from conftest import subprocess_env
 from optuna_quant.dashboard import study_url
+from optuna_quant.loss import Targets
+from optuna_quant.objective import TARGETS_KEY
+from optuna_quant.results import best_trial
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import StorageError
 from optuna_quant.testing.postgres import free_port
@@ -55,7 +60,7 @@ def dashboard(tuned) -> Iterator[str]:
     out, err = (tuned.with_name(name).open("w") for name in ("dashboard.out", "dashboard.err"))
     server = subprocess.Popen(
         [sys.executable, "-m", "optuna_quant.cli", "dashboard", str(tuned), "--port", str(port)],
-        stdout=out, stderr=err, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        stdout=out, stderr=err, env=subprocess_env(),
     )
     try:
         deadline = time.monotonic() + 60
@@ -85,7 +90,8 @@ def test_api_serves_study_metric_names_and_user_attrs(tuned, dashboard) -> None:
     detail = _get_json(f"{root}/api/studies/{study_id}")
     assert detail["name"] == "cli" and detail["directions"] == ["minimize"]
     assert detail["objective_names"] == ["loss"]
-    stored = optuna.load_study(study_name="cli", storage=f"sqlite:///{tuned.parent}/study.db").trials
+    study = load_project_study(tuned.parent, name="cli")
+    stored = study.trials
     assert len(detail["trials"]) == len(stored) == 3
     for served, trial in zip(detail["trials"], stored):
         attrs = {a["key"]: a["value"] for a in served["user_attrs"]}
@@ -97,7 +103,13 @@ def test_api_serves_study_metric_names_and_user_attrs(tuned, dashboard) -> None:
     (artifact,) = detail["artifacts"]
     assert re.fullmatch(r"best-trial-\d+\.int8\.onnx", artifact["filename"])
     with urlopen(f"{root}/artifacts/{study_id}/{artifact['artifact_id']}", timeout=30) as response:
-        onnx.load_model_from_string(response.read())
+        served = response.read()
+    model = onnx.load_model_from_string(served)
+    # It is the file of the artifact store beside the database, and the int8 model of the best trial.
+    assert served == (tuned.parent / "study-artifacts" / artifact["artifact_id"]).read_bytes()
+    best = best_trial(stored, Targets(**study.user_attrs[TARGETS_KEY]))
+    assert best is not None and artifact["filename"] == f"best-trial-{best.number}.int8.onnx"
+    assert_int8_layers(model, best.params)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-import os
+from datetime import timedelta
 from pathlib import Path
 import signal
 import socket
@@ -23,9 +23,13 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 import pytest
 
+from conftest import subprocess_env
 from optuna_quant.budget import counted_trials
+from optuna_quant.loss import Targets
 from optuna_quant.objective import SCALING_KEY
+from optuna_quant.objective import TARGETS_KEY
 from optuna_quant.objective import WORKER_KEY
+from optuna_quant.stopping import meets_targets
 from optuna_quant.stopping import target_reached
 
 pytestmark = pytest.mark.postgres
@@ -40,7 +44,7 @@ def _start(url: str, study: str, n_trials: int, *extra: str) -> subprocess.Popen
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        env=subprocess_env(),
     )
 
 
@@ -111,6 +115,18 @@ def test_stop_on_target_stops_every_worker_within_one_trial(postgres_url: str) -
     study = optuna.load_study(study_name="stop", storage=postgres_url)
     first = target_reached(study)
     assert first is not None
+    # The flag names a non-reference trial that met both targets, the first to complete. The workers'
+    # callbacks read the flag, then write it, without a lock: a trial that completed while the
+    # earliest one's callback ran may win that race, never one that completed after it.
+    targets = Targets(**study.user_attrs[TARGETS_KEY])
+    assert (targets.accuracy_loss, targets.latency_reduce) == (50.0, 0.05)
+    met = sorted(
+        (t for t in study.trials if not t.user_attrs.get("reference") and meets_targets(t, targets)),
+        key=lambda t: t.datetime_complete,
+    )
+    assert first in {t.number for t in met}, [(t.number, t.state) for t in study.trials]
+    flagged = study.trials[first]
+    assert flagged.datetime_complete - met[0].datetime_complete < timedelta(seconds=1), (first, met[0].number)
     later = [t for t in study.trials if t.number > first]
     assert len(later) <= 2, [(t.number, t.state) for t in later]  # the other two workers' running trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)

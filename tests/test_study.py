@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 import pytest
 
+from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 import optuna_quant.objective
@@ -92,6 +93,7 @@ def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
 def test_stop_on_target_reads_the_flag_only_where_it_may_have_changed(make_study, monkeypatch) -> None:
     # A speed-up of 50 is out of reach: the flag stays unset and every check reads storage.
     study = make_study(latency_reduce=50.0, stop_on_target=True)
+    study.enqueue_trial(study.objective.space.default_params())  # a repeat of the reference
     reads = []
 
     def counted(s: optuna.Study) -> int | None:
@@ -103,6 +105,7 @@ def test_stop_on_target_reads_the_flag_only_where_it_may_have_changed(make_study
     study.optimize(n_trials=4)
     trials = [t for t in study.trials if not t.user_attrs.get("reference")]
     duplicates = sum(1 for t in trials if "duplicate_of" in t.user_attrs)
+    assert duplicates == 1 and len(trials) == 3  # the repeat measured nothing; two trials measured
     # Once before the first trial; per measured trial before and after measuring and in the
     # callback; a duplicate measures nothing, so only the callback reads.
     assert len(reads) == 1 + 3 * (len(trials) - duplicates) + duplicates
@@ -136,13 +139,8 @@ def test_export_best_and_missed_target(tmp_path, make_study, caplog) -> None:
     assert "accuracy met but not latency" in best.summary()
     out = tmp_path / "out" / "best.int8.onnx"
     study.export_best(out)
-    model = onnx.load(str(out))
-    fallback = {k.removeprefix("layer:") for k, v in best.params.items() if k.startswith("layer:") and v == "fp32"}
-    produced_by = {output: n.op_type for n in model.graph.node for output in n.output}
-    layers = {n.name: n for n in model.graph.node if n.name in ("conv1", "conv2", "fc")}
-    assert set(layers) == {"conv1", "conv2", "fc"}
-    for name, node in layers.items():  # int8 weights come from a DequantizeLinear, fp32 ones do not
-        assert (produced_by.get(node.input[1]) == "DequantizeLinear") == (name not in fallback)
+    # conv1, conv2 and fc are all in it; int8 weights come from a DequantizeLinear, fp32 ones do not.
+    assert_int8_layers(onnx.load(str(out)), best.params)
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert "misses the latency target" in caplog.text
 

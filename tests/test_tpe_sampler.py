@@ -12,6 +12,7 @@ from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
 import pytest
 
+from optuna_quant.samplers._discrete import constraint_matrix
 from optuna_quant.samplers.tpe import _best_unseen_combination
 from optuna_quant.samplers.tpe import _min_choices
 from optuna_quant.samplers.tpe import quantile_gamma
@@ -84,7 +85,12 @@ def test_violations_count_in_units_of_each_constraint() -> None:
 
 def test_missing_constraints_count_as_infeasible() -> None:
     values = np.array([0.0, 1.0, 2.0])
-    constraints = np.array([[np.inf], [-1.0], [1.0]])
+    # The sampler's own conversion: a trial without a constraint that others carry violates it
+    # infinitely; no constraint anywhere gives no matrix at all.
+    constraints = constraint_matrix([{}, {"c": -1.0}, {"c": 1.0}])
+    assert constraints is not None and constraints.shape == (3, 1)
+    assert constraints.tolist() == [[math.inf], [-1.0], [1.0]]
+    assert constraint_matrix([{}, {}]) is None
     assert split_good_bad(values, constraints, lambda n: 2)[0].tolist() == [1, 2]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 import subprocess
 import sys
@@ -10,11 +11,13 @@ import textwrap
 import optuna
 import pytest
 
+from conftest import subprocess_env
+
 pytestmark = pytest.mark.slow  # two or three interpreters and 37 trials: about 6 s each
 
 WORKER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import optuna
     from optuna_quant.samplers.bayesian import DiscreteGPSampler
 
@@ -26,6 +29,7 @@ WORKER = textwrap.dedent(
     def objective(trial):
         bits = [trial.suggest_categorical(f"l{i}", ["int8", "fp32"]) for i in range(4)]
         est = trial.suggest_categorical("est", ["minmax", "entropy", "p99"])
+        trial.set_user_attr("pid", os.getpid())  # which worker ran the trial
         time.sleep(0.05)  # long enough for the two workers' trials to overlap
         trial.set_constraint("accuracy", 0.01 * bits.count("int8") - 0.025)
         return -bits.count("int8") - (est == "entropy")
@@ -58,7 +62,9 @@ def test_workers_never_evaluate_the_same_configuration(tmp_path: Path, seeds: tu
     script.write_text(WORKER)
     workers = [
         subprocess.Popen(
-            [sys.executable, str(script), url, str(seed), str(36 // len(seeds))], cwd=Path(__file__).parents[1]
+            [sys.executable, str(script), url, str(seed), str(36 // len(seeds))],
+            cwd=Path(__file__).parents[1],
+            env=subprocess_env(),
         )
         for seed in seeds
     ]
@@ -68,6 +74,12 @@ def test_workers_never_evaluate_the_same_configuration(tmp_path: Path, seeds: tu
     configs = [tuple(sorted(t.params.items())) for t in trials]
     assert len(trials) == 37 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert len(set(configs)) == len(configs), "two trials evaluated the same configuration"
+    # Every worker process ran its own share of the trials, on the one shared study.
+    pids = Counter(t.user_attrs.get("pid") for t in trials[1:])
+    assert len(pids) >= 2 and pids == {w.pid: 36 // len(seeds) for w in workers}, pids
     # The workers really ran side by side.
     starts = sorted((t.datetime_start, t.datetime_complete) for t in trials[1:])
-    assert any(b[0] < a[1] for a, b in zip(starts, starts[1:]))
+    assert any(b[0] < a[1] for a, b in zip(starts, starts[1:])), (
+        "the run was serialised: no two workers' trials overlapped in time (a loaded machine ran "
+        "the workers one after another), so the never-repeat claims were not exercised concurrently"
+    )

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import onnxruntime as ort  # noqa: E402
 
+from conftest import FAST_BENCH  # noqa: E402  (tests/ is this script's sys.path[0])
 from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
 from examples.tiny_cnn import fp32_agreement  # noqa: E402
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         study_name=args.study,
         trials_load_method="warm_start",
         stop_on_target=args.stop_on_target,
-        benchmark=oq.BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03),
+        benchmark=FAST_BENCH,
         heartbeat_interval=1,
         grace_period=2,
     )
