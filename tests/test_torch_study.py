@@ -28,20 +28,24 @@ def _module_and_data() -> tuple[nn.Module, np.ndarray, np.ndarray]:
     return model, inputs, labels
 
 
-def test_create_study_on_a_torch_module(tmp_path, fast_bench) -> None:
-    model, inputs, labels = _module_and_data()
-    study = oq.create_study(
+def _torch_study(tmp_path, fast_bench, inputs: np.ndarray, model, **kwargs) -> oq.QuantStudy:
+    """A layer-scope study of the module on SQLite; ``kwargs`` give the evaluation and targets."""
+    return oq.create_study(
         model,
         [inputs[i : i + 1] for i in range(16)],
-        eval_data=(inputs, labels),
         example_inputs=torch.from_numpy(inputs[:1]),
         scopes=["layer"],
         sampler="random",
         seed=0,
         storage=f"sqlite:///{tmp_path}/torch.db",
         benchmark=fast_bench,
-        accuracy_loss=50.0,
+        **kwargs,
     )
+
+
+def test_create_study_on_a_torch_module(tmp_path, fast_bench) -> None:
+    model, inputs, labels = _module_and_data()
+    study = _torch_study(tmp_path, fast_bench, inputs, model, eval_data=(inputs, labels), accuracy_loss=50.0)
     assert sorted(study.node_modules.values()) == ["0", "2", "5"]
     assert study.node_modules == NODE_MODULES  # which node is which module, not only the names
     layer_params = {f"layer:{node}" for node in study.node_modules}
@@ -67,17 +71,8 @@ def test_fallback_modules_of_a_known_best_trial(tmp_path, fast_bench) -> None:
         calls["n"] += 1
         return 1.0 if calls["n"] in (1, 3) else 0.5  # fp32 baseline, reference, enqueued trial, ...
 
-    study = oq.create_study(
-        model,
-        [inputs[i : i + 1] for i in range(16)],
-        only_the_enqueued_trial_is_accurate,
-        example_inputs=torch.from_numpy(inputs[:1]),
-        scopes=["layer"],
-        sampler="random",
-        seed=0,
-        storage=f"sqlite:///{tmp_path}/torch.db",
-        benchmark=fast_bench,
-        accuracy_loss=1.0,
+    study = _torch_study(
+        tmp_path, fast_bench, inputs, model, eval_fn=only_the_enqueued_trial_is_accurate, accuracy_loss=1.0
     )
     assert study.node_modules == NODE_MODULES
     enqueued = {"layer:node_conv2d": "fp32", "layer:node_conv2d_1": "fp32", "layer:node_linear": "int8"}
