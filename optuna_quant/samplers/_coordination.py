@@ -13,6 +13,8 @@ the same way, deterministically:
    ones, running ones with parameters, and claims of running ones that have none yet).
 3. It writes its choice as a claim (a trial system attribute) before returning it.
 
+:func:`sample_in_turn` runs these steps around a sampler's choice.
+
 Why no two trials keep one configuration: take trials ``m < n``. Trial ``m`` writes its claim
 before it sets any parameter, and trial ``n`` reads only after ``m``'s claim (or parameters) is
 in the storage (step 1), so ``n`` excludes ``m``'s configuration. The lower number keeps a
@@ -22,7 +24,7 @@ cut short by its bound (a worker that hangs or died mid-choice) can let two coin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 import json
 import time
 from typing import Any
@@ -121,6 +123,25 @@ def claimed_configs(trials: Iterable[FrozenTrial], space: DiscreteSpace) -> list
     return claimed
 
 
-def claim(study: Study, trial: FrozenTrial, params: dict[str, Any]) -> None:
-    """Record ``params`` as ``trial``'s choice, for the trials numbered after it."""
-    study._storage.set_trial_system_attr(trial._trial_id, CLAIM_KEY, json.dumps(params))
+def sample_in_turn(
+    study: Study,
+    trial: FrozenTrial,
+    names: Sequence[str],
+    wait_seconds: float,
+    choose: Callable[[list[FrozenTrial]], dict[str, Any]],
+) -> dict[str, Any]:
+    """The protocol: ``choose(other_trials)`` once the lower-numbered trials have chosen, claimed.
+
+    Args:
+        study: The study.
+        trial: The trial being sampled.
+        names: The parameters being sampled.
+        wait_seconds: The most to wait for lower-numbered trials (see :func:`wait_bound`).
+        choose: The sampler's choice given every other trial; it must exclude the configurations
+            they hold (:func:`claimed_configs` and the trials' parameters). An empty choice
+            (every configuration taken) is not claimed.
+    """
+    params = choose(other_trials(study, trial, names, wait_seconds))
+    if params:
+        study._storage.set_trial_system_attr(trial._trial_id, CLAIM_KEY, json.dumps(params))
+    return params

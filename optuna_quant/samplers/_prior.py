@@ -111,3 +111,4 @@ class SpacePrior:
             if config not in seen:
                 return config
         return self._space.random_unseen(rng, seen)
+

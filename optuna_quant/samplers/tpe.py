@@ -25,17 +25,16 @@ from typing import Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
 from optuna_quant.samplers import _coordination
+from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import grid_size
 from optuna_quant.samplers._discrete import History
-from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._parzen import CategoricalDim
 from optuna_quant.samplers._parzen import Dim
 from optuna_quant.samplers._parzen import dim_of
@@ -46,7 +45,6 @@ from optuna_quant.samplers._parzen import UnivariateParzen
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
 from optuna_quant.samplers._prior import SpacePrior
-from optuna_quant.samplers._prior import validate_prior
 
 # Both hyperopt and Optuna cap the good set at 25 observations.
 _MAX_GOOD = 25
@@ -76,7 +74,7 @@ def sqrt_gamma(gamma: float, n: int) -> int:
     return min(math.ceil(gamma * math.sqrt(n)), _MAX_GOOD)
 
 
-class TPESampler(BaseSampler):
+class TPESampler(InTurnSampler):
     """Sampler using TPE, re-implemented, with a never-repeat rule and OpenVINO POT's preset.
 
     Observations are split into good and bad: with constraints (``trial.set_constraint``, feasible
@@ -127,11 +125,9 @@ class TPESampler(BaseSampler):
         constraints: Split by the trials' constraints where they carry any; ``False`` splits by
             the objective value alone.
         seed: Seed of the random number generator.
-        prior: ``{param_name: {choice: score}}``, scores in (0, 1) saying how likely a choice is
-            good; parameters and choices left out score 0.5. Also settable later with
-            :meth:`set_prior`.
-        claim_wait_seconds: The most a trial waits for lower-numbered running trials to choose
-            (never longer than the storage's heartbeat grace period).
+        prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`),
+            or later :meth:`set_prior`.
+        claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
     """
 
     def __init__(
@@ -165,11 +161,8 @@ class TPESampler(BaseSampler):
         self._multivariate = multivariate
         self._constant_liar = constant_liar
         self._constraints = constraints
-        self._rng = np.random.RandomState(seed)
+        super().__init__(seed, prior, claim_wait_seconds)
         self._search_space = IntersectionSearchSpace(include_pruned=True)
-        self._spaces = SpaceCache()
-        self._prior = validate_prior(prior)
-        self._claim_wait_seconds = claim_wait_seconds
 
     @classmethod
     def pot(cls, *, seed: int | None = None, constant_liar: bool = True) -> TPESampler:
@@ -197,33 +190,16 @@ class TPESampler(BaseSampler):
             seed=seed,
         )
 
-    def reseed_rng(self) -> None:
-        self._rng.seed()
-
-    def set_prior(self, prior: Prior | None) -> None:
-        """Use ``prior`` from the next trial on (``None`` removes it).
-
-        Raises:
-            TypeError: If ``prior`` is not a mapping of mappings.
-            ValueError: If a score is not strictly between 0 and 1.
-        """
-        self._prior = validate_prior(prior)
-
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
         space = self._search_space.calculate(study, use_cache=True)
         return {name: dist for name, dist in space.items() if not dist.single()}
 
-    def sample_relative(
-        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    def _sample_in_turn(
+        self, study: Study, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        trials = _coordination.other_trials(study, trial, search_space, self._claim_wait_seconds)
-        params = self._sample(study, trials, search_space, never_repeat=True)
-        _coordination.claim(study, trial, params)
-        return params
+        return self._sample(study, trials, search_space, never_repeat=True)
 
     def sample_independent(
         self,

@@ -9,25 +9,23 @@ import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
-from optuna.samplers import BaseSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
 from optuna_quant.samplers import _coordination
+from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import choices_of
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
-from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._gp.bayesian_optimization import BayesianOptimization
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
 from optuna_quant.samplers._prior import SpacePrior
-from optuna_quant.samplers._prior import validate_prior
 
 
-class DiscreteGPSampler(BaseSampler):
+class DiscreteGPSampler(InTurnSampler):
     """Gaussian-process Bayesian optimisation for studies of categorical, integer and stepped-float
     parameters.
 
@@ -108,30 +106,15 @@ class DiscreteGPSampler(BaseSampler):
         prior_strength: float = 10.0,
         claim_wait_seconds: float = _coordination.DEFAULT_WAIT_SECONDS,
     ) -> None:
-        self._rng = np.random.RandomState(seed)
+        super().__init__(seed, prior, claim_wait_seconds)
         self._n_startup_trials = n_startup_trials
         self._n_candidates = n_candidates
         self._candidate_budget = candidate_budget
         self._n_local_search = n_local_search
-        self._prior = validate_prior(prior)
         self._prior_strength = prior_strength
-        self._claim_wait_seconds = claim_wait_seconds
         self._intersection = IntersectionSearchSpace()
-        self._spaces = SpaceCache()
         self._optimizer: BayesianOptimization | None = None
         self._optimizer_key: tuple[Any, ...] | None = None
-
-    def reseed_rng(self) -> None:
-        self._rng.seed()
-
-    def set_prior(self, prior: Prior | None) -> None:
-        """Use ``prior`` from the next trial on (``None`` removes it).
-
-        Raises:
-            TypeError: If ``prior`` is not a mapping of mappings.
-            ValueError: If a score is not strictly between 0 and 1.
-        """
-        self._prior = validate_prior(prior)
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -147,21 +130,16 @@ class DiscreteGPSampler(BaseSampler):
             )
         return {name: d for name, d in sorted(space.items()) if not d.single()}
 
-    def sample_relative(
-        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    def _sample_in_turn(
+        self, study: Study, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        trials = _coordination.other_trials(study, trial, search_space, self._claim_wait_seconds)
         space, history = self._spaces.history(study, trials, search_space)
         claimed = _coordination.claimed_configs(trials, space)
         seen = history.seen | set(claimed)
         if len(seen) >= space.size:
             return {}  # Every configuration has been tried: a repeat is unavoidable.
         pending = np.vstack([history.running, np.array(claimed, np.int64).reshape(-1, space.dim)])
-        params = space.decode(self._choose(study, space, history, pending, seen))
-        _coordination.claim(study, trial, params)
-        return params
+        return space.decode(self._choose(study, space, history, pending, seen))
 
     def sample_independent(
         self,
