@@ -495,7 +495,11 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
     """Replay the studies that ``args`` ask for and summarise them."""
     samplers, skipped = choose_samplers(args.samplers, args.sampler)
     if args.prior:
-        without = sorted(name for name, spec in samplers.items() if spec == HYPEROPT_TPE or not hasattr(resolve(spec)(0), "set_prior"))
+        without = sorted(
+            name
+            for name, spec in samplers.items()
+            if spec == HYPEROPT_TPE or not hasattr(resolve(spec)(0), "set_prior")
+        )
         if without:
             raise SystemExit(f"--prior needs samplers with set_prior; these have none: {without}.")
         samplers = {f"{name}+prior": spec for name, spec in samplers.items()}

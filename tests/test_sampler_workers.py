@@ -53,7 +53,9 @@ def test_three_workers_with_one_seed_never_share_a_configuration(tmp_path: Path,
     assert pids == {w.pid: TRIALS_EACH for w in workers}
     # The workers ran side by side: some trial started before another worker's trial ended.
     overlapping = any(
-        a.user_attrs["pid"] != b.user_attrs["pid"] and a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete
+        a.user_attrs["pid"] != b.user_attrs["pid"]
+        and a.datetime_start < b.datetime_complete
+        and b.datetime_start < a.datetime_complete
         for a in trials[1:]
         for b in trials[1:]
     )

@@ -87,9 +87,10 @@ class TPESampler(InTurnSampler):
     (:mod:`optuna_quant.samplers._coordination`). With several objectives, feasible trials rank
     by non-domination rank (see :class:`~optuna_quant.samplers._discrete.History`). A ``prior``
     (per-parameter, per-choice scores, see :meth:`set_prior`) is the prior kernel of the
-    categorical parameters' estimators and the distribution of the start-up draws. The defaults are the settings that needed the
-    fewest trials to reach the targets in the sampler benchmark (``docs/benchmarks.md``, "TPE
-    sampler"); :meth:`pot` reproduces OpenVINO POT's use of hyperopt's TPE.
+    categorical parameters' estimators and the distribution of the start-up draws. The defaults
+    are the settings that needed the fewest trials to reach the targets in the sampler benchmark
+    (``docs/benchmarks.md``, "TPE sampler"); :meth:`pot` reproduces OpenVINO POT's use of
+    hyperopt's TPE.
 
     Example:
         >>> import optuna
