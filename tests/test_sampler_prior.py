@@ -95,3 +95,11 @@ def test_a_right_prior_finds_the_optimum_sooner(sampler_class) -> None:
         with_prior.append(trials_to_optimum(PRIOR))
         without.append(trials_to_optimum(None))
     assert np.median(with_prior) < 0.5 * np.median(without), (with_prior, without)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="prior_strength must not be negative, got -1"):
+        DiscreteGPSampler(prior_strength=-1)
+    for sampler_class in (TPESampler, DiscreteGPSampler):
+        with pytest.raises(ValueError, match="claim_wait_seconds must not be negative, got -0.5"):
+            sampler_class(claim_wait_seconds=-0.5)

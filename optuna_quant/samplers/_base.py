@@ -27,9 +27,15 @@ class InTurnSampler(BaseSampler, abc.ABC):
         seed: Seed of the random number generator.
         prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`).
         claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
+
+    Raises:
+        ValueError: For a negative ``claim_wait_seconds``, or a prior score outside (0, 1).
+        TypeError: For a prior that is not a mapping of mappings.
     """
 
     def __init__(self, seed: int | None, prior: Prior | None, claim_wait_seconds: float) -> None:
+        if not claim_wait_seconds >= 0:
+            raise ValueError(f"claim_wait_seconds must not be negative, got {claim_wait_seconds!r}.")
         self._rng = np.random.RandomState(seed)
         self._spaces = SpaceCache()
         self.set_prior(prior)

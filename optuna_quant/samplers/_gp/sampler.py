@@ -91,7 +91,9 @@ class DiscreteGPSampler(InTurnSampler):
             (never longer than the storage's heartbeat grace period).
 
     Raises:
-        ValueError: When a parameter is a float without a step (the space must be finite).
+        ValueError: When a parameter is a float without a step (the space must be finite), or
+            for a negative ``prior_strength`` or ``claim_wait_seconds``, or a prior score
+            outside (0, 1).
     """
 
     def __init__(
@@ -106,6 +108,8 @@ class DiscreteGPSampler(InTurnSampler):
         prior_strength: float = 10.0,
         claim_wait_seconds: float = _coordination.DEFAULT_WAIT_SECONDS,
     ) -> None:
+        if not prior_strength >= 0:
+            raise ValueError(f"prior_strength must not be negative, got {prior_strength!r}.")
         super().__init__(seed, prior, claim_wait_seconds)
         self._n_startup_trials = n_startup_trials
         self._n_candidates = n_candidates
