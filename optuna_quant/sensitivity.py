@@ -15,9 +15,11 @@ Measured once per study, before the search:
   into ``QLinearConv`` (named ``<layer>_token_<n>``) and fp32 ``Conv -> Relu`` into an NCHWc
   ``Conv`` named after the Relu's output, so a node is charged to a layer by its name
   (``<layer>`` or ``<layer>_...``) or else by a weight or bias of the layer among its inputs
-  (``<initializer>`` or ``<initializer>_...``). What neither maps (the Relus between int8 layers,
-  their QuantizeLinear, layout reorders, the graph's input and output Q/DQ) is unattributed, and
-  the log line says how much of the model's node time that is.
+  (``<initializer>`` or ``<initializer>_...``). A node with a single data input that neither maps
+  (the int8 model's Relu and QuantizeLinear after a layer, a layout reorder) is charged to the
+  layer of that input's producer, since the fp32 model fuses the Relu into the layer. What stays
+  unattributed (the graph input's QuantizeLinear, nodes with several data inputs such as Add or
+  Concat, and what they feed) is reported by the log line as the models' unattributed node time.
 
 :func:`choice_scores` turns the result into a prior for samplers (parameter -> choice -> score), and
 :func:`revert_order` into the order in which start-up trials put layers back to fp32.
@@ -143,6 +145,25 @@ def _initializers_of(model: onnx.ModelProto, nodes: Iterable[str]) -> dict[str, 
     return {name: [i for i in by_name[name].input if i in initializers] for name in nodes}
 
 
+def _owners(graph: onnx.GraphProto, layers: Mapping[str, Iterable[str]]) -> dict[str, str | None]:
+    """The layer of each node of an optimized graph (in topological order): its own by
+    :func:`layer_of`, else, for a node with a single data input, that input's producer's."""
+    constants = {init.name for init in graph.initializer}
+    producer: dict[str, str] = {}
+    owner: dict[str, str | None] = {}
+    for node in graph.node:
+        layer = layer_of(node, layers)
+        data = [name for name in node.input if name and name not in constants]
+        if layer is None and len(data) == 1 and data[0] in producer:
+            # What onnxruntime leaves between fused kernels (the int8 model's Relu and its
+            # QuantizeLinear, a layout reorder) continues the layer whose output it carries on,
+            # as the Relu fused into the fp32 Conv is part of that layer.
+            layer = owner[producer[data[0]]]
+        owner[node.name] = layer
+        producer.update(dict.fromkeys(node.output, node.name))
+    return owner
+
+
 def profile_layers(
     model: onnx.ModelProto,
     feed: Feed,
@@ -176,7 +197,7 @@ def profile_layers(
     for event in trace:
         if event.get("cat") == "Node" and event["name"].endswith(PROFILE_SUFFIX):
             durations.setdefault(event["name"].removesuffix(PROFILE_SUFFIX), []).append(event["dur"])
-    owner = {node.name: layer_of(node, layers) for node in optimized.graph.node}
+    owner = _owners(optimized.graph, layers)
     per_layer = dict.fromkeys(layers, 0.0)
     unattributed = 0.0
     for name, micros in durations.items():
