@@ -1,17 +1,18 @@
-"""How well per-layer sensitivity predicts the accuracy loss of configurations, on the demo model.
+"""How well per-layer sensitivity predicts the accuracy loss and speed-up of configurations (demo model).
 
 :func:`optuna_quant.sensitivity.measure_sensitivity` runs once on the demo objective's model and
 calibration data. Then every fallback set of the ``layer`` scope (``--configs`` of them drawn at
-random when there are more; the other scopes at the reference's choice) is built and its
-``acc_loss`` measured on the 1,500 test digits. Each sensitivity figure predicts a configuration's
-error by adding up its layers' figures:
+random when there are more; the other scopes at the reference's choice) is built and measured
+by the objective (``acc_loss`` on the 1,500 test digits, ``lat_diff`` by the paired timing). Each
+sensitivity figure predicts a configuration's error by adding up its layers' figures:
 
 - ``alone``: the sum of ``error_alone`` over the layers it keeps int8;
 - ``recovered``: the all-int8 error less the sum of ``error_recovered`` over the layers it keeps in fp32.
 
 The figure of merit is Spearman's rank correlation between each prediction and the measured
 ``acc_loss``; the measured output error of each configuration on the calibration samples (what
-the predictions add up to) is shown beside them.
+the predictions add up to) is shown beside them. The time saved by the layers a configuration
+keeps int8 (the sum of ``time_saved_ms``) is correlated with the measured ``lat_diff`` alike.
 
 Run::
 
@@ -71,15 +72,16 @@ def main() -> None:
     rows = []
     for fallback in fallbacks:
         params = {**objective.space.default_params(), **{LAYER_PREFIX + n: "fp32" for n in fallback}}
-        int8 = objective.build(params)
-        accuracy = objective.accuracy(params)
+        measurement = objective.measure(params)
         rows.append(
             {
                 "fallback": sorted(fallback),
-                "acc_loss": (objective.baseline() - accuracy) / objective.baseline(),
-                "output_error": output_error(reference, outputs(int8.SerializeToString())),
+                "acc_loss": measurement.acc_loss,
+                "lat_diff": measurement.lat_diff,
+                "output_error": output_error(reference, outputs(objective.build(params).SerializeToString())),
                 "alone": sum(sens[n].error_alone for n in nodes if n not in fallback),
                 "recovered": base_error - sum(sens[n].error_recovered for n in fallback),
+                "time_saved_ms": sum(sens[n].time_saved_ms for n in nodes if n not in fallback),
             }
         )
     acc = [r["acc_loss"] for r in rows]
@@ -89,6 +91,7 @@ def main() -> None:
         "spearman_alone": spearmanr([r["alone"] for r in rows], acc).statistic,
         "spearman_recovered": spearmanr([r["recovered"] for r in rows], acc).statistic,
         "spearman_output_error": spearmanr([r["output_error"] for r in rows], acc).statistic,
+        "spearman_time_saved_lat_diff": spearmanr([r["time_saved_ms"] for r in rows], [r["lat_diff"] for r in rows]).statistic,
     }
     print("| layer | error alone | error recovered | fp32 ms | int8 ms | saved ms |")
     print("| --- | --- | --- | --- | --- | --- |")
