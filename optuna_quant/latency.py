@@ -63,13 +63,16 @@ class BenchmarkSettings:
     def __post_init__(self) -> None:
         for name in ("threads", "warmup", "blocks", "batch_size", "retimes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in ("warmup", "retimes") else 1):
-                raise ValueError(f"benchmark.{name} must be a positive integer, got {value!r}.")
+            least = 0 if name in ("warmup", "retimes") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a non-negative" if least == 0 else "a positive"
+                raise ValueError(f"benchmark.{name} must be {kind} integer, got {value!r}.")
         if not isinstance(self.min_seconds, (int, float)) or not 0 < self.min_seconds <= 3600:
             raise ValueError(f"benchmark.min_seconds must lie in (0, 3600], got {self.min_seconds!r}.")
         if self.statistic not in STATISTICS:
             raise ValueError(f"benchmark.statistic must be one of {STATISTICS}, got {self.statistic!r}.")
-        if isinstance(self.contention, bool) or not isinstance(self.contention, (int, float)) or not self.contention > 0:
+        contention = self.contention
+        if isinstance(contention, bool) or not isinstance(contention, (int, float)) or not contention > 0:
             raise ValueError(f"benchmark.contention must be a positive fraction, got {self.contention!r}.")
 
     @classmethod

@@ -107,8 +107,13 @@ def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Se
         >>> output_error([[np.array([3.0, 4.0])]], [[np.array([3.0, 3.0])]])
         0.04
     """
-    noise = sum(float(np.sum((np.asarray(y, np.float64) - r) ** 2)) for ys, rs in zip(outputs, reference) for y, r in zip(ys, rs))
-    signal = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for rs in reference for r in rs)
+    pairs = [
+        (np.asarray(y, np.float64), np.asarray(r, np.float64))
+        for ys, rs in zip(outputs, reference)
+        for y, r in zip(ys, rs)
+    ]
+    noise = sum(float(np.sum((y - r) ** 2)) for y, r in pairs)
+    signal = sum(float(np.sum(r**2)) for _, r in pairs)
     return noise / signal if signal > 0 else noise
 
 
@@ -122,7 +127,8 @@ def layer_of(node: onnx.NodeProto, layers: Mapping[str, Iterable[str]]) -> str |
     Example:
         >>> from onnx import helper
         >>> layers = {"/0/Conv": ["0.weight", "0.bias"], "/2/Conv": ["2.weight"]}
-        >>> layer_of(helper.make_node("QLinearConv", ["x", "s", "z", "2.weight_quantized"], ["y"], name="/2/Conv_token_5"), layers)
+        >>> fused = helper.make_node("QLinearConv", ["x", "s", "z", "2.weight_quantized"], ["y"], name="/2/Conv_token_1")
+        >>> layer_of(fused, layers)
         '/2/Conv'
         >>> layer_of(helper.make_node("Conv", ["x", "reorder", "0.bias"], ["y"], name="/1/Relu_output_0_nchwc"), layers)
         '/0/Conv'
@@ -254,11 +260,13 @@ def measure_sensitivity(
     start = time.perf_counter()
 
     def run(model: onnx.ModelProto) -> list[list[np.ndarray]]:
-        session = ort.InferenceSession(model.SerializeToString(), settings.session_options(), providers=["CPUExecutionProvider"])
+        options = settings.session_options()
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         return [session.run(None, feed) for feed in samples]
 
     def error(fallback: Iterable[str]) -> float:
-        return output_error(reference, run(quantizer.quantize(replace(base, fallback=frozenset(base.fallback | set(fallback))))))
+        config = replace(base, fallback=frozenset(base.fallback | set(fallback)))
+        return output_error(reference, run(quantizer.quantize(config)))
 
     reference = run(fp32_model)
     all_int8 = quantizer.quantize(base)
