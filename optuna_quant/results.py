@@ -38,7 +38,7 @@ def result_of(trial: FrozenTrial) -> Result:
 
 
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
-    """The best trial by POT's rule (see :func:`optuna_quant.loss.best_index`), or ``None``."""
+    """The best trial (see :func:`optuna_quant.loss.best_index`), or ``None``."""
     candidates = recorded(trials)
     index = best_index([result_of(t) for t in candidates], targets)
     return None if index is None else candidates[index]
