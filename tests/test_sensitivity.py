@@ -60,7 +60,7 @@ def test_the_layers_around_a_rescaled_tensor_become_the_sensitive_ones(plain, re
     assert choice_scores(rescaled)["layer:conv1"]["int8"] < choice_scores(plain)["layer:conv1"]["int8"]
 
 
-def test_every_layer_gets_its_node_time(rescaled, caplog) -> None:
+def test_every_layer_gets_its_node_time(rescaled) -> None:
     for layer, s in rescaled.items():
         assert s.fp32_ms > 0, f"{layer}: no fp32 node mapped"
         assert s.int8_ms > 0, f"{layer}: no int8 node mapped"
