@@ -40,7 +40,8 @@ LAT_DIFF_LABEL = "lat_diff (fp32 latency / int8 latency, x)"
 _MET, _MISSED, _BEST, _TARGET = "#2ca02c", "#9a9a9a", "#d62728", "rgba(44, 160, 44, 0.12)"
 # No template: Plotly's default one adds about 8 kB to every stored figure, and optuna-dashboard
 # stores figures in 2 kB study attrs, written after every trial.
-_LAYOUT = dict(template="none", margin=dict(l=70, r=20, t=50, b=60), legend=dict(orientation="h", y=-0.2),
+# The top margin keeps titles clear of the dashboard's tool bar.
+_LAYOUT = dict(template="none", margin=dict(l=70, r=20, t=90, b=60), legend=dict(orientation="h", y=-0.25),
                hovermode="closest")
 
 
@@ -124,7 +125,7 @@ def tradeoff_figure(study: optuna.Study) -> go.Figure:
     front = pareto_front(points)
     figure.add_trace(go.Scatter(
         x=[t.user_attrs["lat_diff"] for t in front], y=[t.user_attrs["acc_loss"] for t in front],
-        mode="lines", line=dict(shape="hv", color="#1f77b4"), name="Pareto front", hoverinfo="skip",
+        mode="lines", line=dict(shape="vh", color="#1f77b4"), name="Pareto front", hoverinfo="skip",
     ))
     reference = [t for t in points if t.user_attrs.get(REFERENCE_KEY)]
     if reference:
@@ -240,7 +241,8 @@ def sensitivity_figure(sensitivity: Mapping[str, Mapping[str, float]]) -> go.Fig
         xaxis2=dict(title=dict(text="time saved in int8 (ms per run)"), domain=[0.52, 1]),
         yaxis=dict(automargin=True),
         yaxis2=dict(matches="y", showticklabels=False, anchor="x2"),
-        height=max(320, 28 * len(nodes) + 160),
+        height=max(360, 28 * len(nodes) + 200),
+        showlegend=False,  # the axis titles say which bars are which
         **_LAYOUT,
     ))
     figure.add_trace(go.Bar(
