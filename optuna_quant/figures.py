@@ -110,8 +110,16 @@ def tradeoff_figure(study: optuna.Study) -> go.Figure:
     ))
     lat = [t.user_attrs["lat_diff"] for t in points] + [targets.lat_th]
     acc = [t.user_attrs["acc_loss"] for t in points] + [targets.acc_th]
+    # A few ruined configurations would squeeze the target region into a line: the chart stops at
+    # five times the accuracy target (the reference, if higher), and says what it leaves out.
+    top = max(5 * targets.acc_th, *(t.user_attrs["acc_loss"] for t in points if t.user_attrs.get(REFERENCE_KEY)))
+    hidden = sum(a > top for a in acc)
+    acc = [a for a in acc if a <= top]
     x_pad, y_pad = 0.05 * (max(lat) - min(lat) or 1.0), 0.05 * (max(acc) - min(acc) or targets.acc_th or 0.01)
     x_range, y_range = [min(lat) - x_pad, max(lat) + x_pad], [min(acc) - y_pad, max(acc) + y_pad]
+    if hidden:
+        figure.add_annotation(x=1, y=1, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+                              showarrow=False, text=f"{hidden} trial(s) above acc_loss {top:.3g}: zoom out to see")
     figure.add_shape(
         type="rect", x0=targets.lat_th, x1=x_range[1], y0=y_range[0], y1=targets.acc_th,
         fillcolor=_TARGET, line=dict(color=_MET, dash="dash"), layer="below",

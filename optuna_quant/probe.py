@@ -183,7 +183,7 @@ def suggest_targets(acc_loss: float, lat_diff: float, spread: float) -> tuple[fl
         ``(accuracy_loss, latency_reduce, (accuracy reason, latency reason))``.
 
     Example:
-        >>> suggest_targets(0.0674, 2.18, 0.03)[:2]
+        >>> suggest_targets(0.0674, 2.18, 0.015)[:2]
         (1.0, 2.05)
         >>> suggest_targets(0.002, 0.85, 0.02)[:2]
         (1.0, 1.0)
