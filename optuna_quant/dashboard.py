@@ -63,20 +63,30 @@ def serve(
     run_server(storage, host=host, port=port, artifact_store=store)
 
 
-def save_figures(study: optuna.Study) -> list[str]:
+def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> list[str]:
     """Store the figures of :func:`optuna_quant.figures.study_figures` in ``study`` for
-    optuna-dashboard, each under its stable id (a later call replaces them), and return the ids."""
+    optuna-dashboard, each under its stable id (a later call replaces them); return the ids.
+
+    Args:
+        study: The study.
+        stored: The figures' JSON as last stored, by id: an unchanged figure (the sensitivity,
+            mostly) is not written again. Updated in place.
+    """
     from optuna_dashboard import save_plotly_graph_object
 
+    stored = {} if stored is None else stored
     figures = study_figures(study)
     for figure_id, figure in figures.items():
-        save_plotly_graph_object(study, figure, graph_object_id=figure_id)
+        text = figure.to_json()
+        if stored.get(figure_id) != text:
+            save_plotly_graph_object(study, figure, graph_object_id=figure_id)
+            stored[figure_id] = text
     return list(figures)
 
 
 class DashboardFigures:
     """An ``optimize`` callback: after every trial, the study's figures are stored again for
-    optuna-dashboard.
+    optuna-dashboard (those that changed).
 
     Attributes:
         seconds: Time spent storing figures, per call, for a run's cost report.
@@ -84,8 +94,9 @@ class DashboardFigures:
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self._stored: dict[str, str] = {}
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         start = time.perf_counter()
-        save_figures(study)
+        save_figures(study, self._stored)
         self.seconds.append(time.perf_counter() - start)
