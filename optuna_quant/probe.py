@@ -33,6 +33,7 @@ from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.model_io import ModelLike
+from optuna_quant.objective import Measurement
 from optuna_quant.objective import QuantizationObjective
 
 CPU_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2", "asimddp", "i8mm")
@@ -106,11 +107,8 @@ class ProbeReport:
 
     Attributes:
         fp32_accuracy: The fp32 model's score.
-        fp32_latency_ms: Median fp32 time per run, milliseconds.
-        int8_latency_ms: Median time per run of the reference int8 model, milliseconds.
-        acc_loss: The reference's relative accuracy loss.
-        lat_diff: The reference's ``fp32_latency / int8_latency``.
-        lat_diff_spread: Interquartile range of the reference's block ratios over their median.
+        reference: The measurement of the reference configuration (``space.default_params()``),
+            the one a study's first trial records.
         support: What this machine offers for int8.
         suggested_accuracy_loss: Suggested ``accuracy_loss``, percent.
         suggested_latency_reduce: Suggested ``latency_reduce``.
@@ -121,11 +119,7 @@ class ProbeReport:
     """
 
     fp32_accuracy: float
-    fp32_latency_ms: float
-    int8_latency_ms: float
-    acc_loss: float
-    lat_diff: float
-    lat_diff_spread: float
+    reference: Measurement
     support: Int8Support
     suggested_accuracy_loss: float
     suggested_latency_reduce: float
@@ -135,18 +129,28 @@ class ProbeReport:
     seconds: float
 
     @property
+    def acc_loss(self) -> float:
+        """The reference's relative accuracy loss."""
+        return self.reference.acc_loss
+
+    @property
+    def lat_diff(self) -> float:
+        """The reference's ``fp32_latency / int8_latency``."""
+        return self.reference.lat_diff
+
+    @property
     def int8_faster(self) -> bool:
         """Whether the reference int8 model runs faster than fp32 here."""
         return self.lat_diff > 1.0
 
     def report(self) -> str:
         """The probe as a person reads it, with units on every figure."""
+        latency = self.reference.latency
         lines = [
             f"Probe ({self.seconds:.1f} s, nothing stored)",
-            f"  fp32 model:        accuracy {self.fp32_accuracy:.4f}, latency {self.fp32_latency_ms:.3f} ms per run",
+            f"  fp32 model:        accuracy {self.fp32_accuracy:.4f}, latency {latency.fp32_ms:.3f} ms per run",
             f"  reference int8:    acc_loss {self.acc_loss:.4f} ({self.acc_loss * 100:.2f} % of fp32 accuracy), "
-            f"lat_diff {self.lat_diff:.2f}x ± {self.lat_diff_spread * 100:.1f} % "
-            f"({self.int8_latency_ms:.3f} ms per run)",
+            f"lat_diff {self.lat_diff:.2f}x ± {latency.spread * 100:.1f} % ({latency.int8_ms:.3f} ms per run)",
             "                     (every layer int8, the first choice of every scope: a study's first trial)",
             f"  int8 on this CPU:  {self.support.describe()}",
         ]
@@ -274,11 +278,7 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
     )
     return ProbeReport(
         fp32_accuracy=fp32_accuracy,
-        fp32_latency_ms=reference.latency.fp32_ms,
-        int8_latency_ms=reference.latency.int8_ms,
-        acc_loss=reference.acc_loss,
-        lat_diff=reference.lat_diff,
-        lat_diff_spread=reference.latency.spread,
+        reference=reference,
         support=support,
         suggested_accuracy_loss=accuracy_loss,
         suggested_latency_reduce=latency_reduce,

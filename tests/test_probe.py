@@ -12,6 +12,8 @@ import onnxruntime as ort
 import pytest
 
 import optuna_quant as oq
+from optuna_quant.latency import LatencyResult
+from optuna_quant.objective import Measurement
 from optuna_quant.probe import int8_support
 from optuna_quant.probe import Int8Support
 from optuna_quant.probe import probe
@@ -83,11 +85,12 @@ def test_run_probe_measures_fp32_and_the_reference(cnn_path, calib, agreement, f
     assert report.fp32_accuracy == 1.0 == objective.fp32_accuracy  # kept for a study on this objective
     # The reference is the default configuration: its accuracy is that configuration's, measured again.
     assert report.acc_loss == objective.measure(objective.space.default_params()).acc_loss
-    assert report.fp32_latency_ms > 0 and report.int8_latency_ms > 0
-    assert report.lat_diff == pytest.approx(report.fp32_latency_ms / report.int8_latency_ms, rel=0.5)
+    latency = report.reference.latency
+    assert latency.fp32_ms > 0 and latency.int8_ms > 0
+    assert report.lat_diff == pytest.approx(latency.fp32_ms / latency.int8_ms, rel=0.5)
     assert report.support == int8_support()
     text = report.report()
-    assert f"accuracy {report.fp32_accuracy:.4f}, latency {report.fp32_latency_ms:.3f} ms per run" in text
+    assert f"accuracy {report.fp32_accuracy:.4f}, latency {latency.fp32_ms:.3f} ms per run" in text
     assert f"lat_diff {report.lat_diff:.2f}x" in text and "Suggested targets" in text
     assert ("int8 is not faster than fp32 here" in text) == (report.lat_diff <= 1.0)
 
@@ -101,12 +104,14 @@ def test_probe_from_arguments_like_create_study(cnn_path, calib, agreement, fast
 
 
 def test_report_says_why_int8_is_slow_and_shows_the_sensitivity() -> None:
+    reference = Measurement(accuracy=0.8991, acc_loss=0.001, latency=LatencyResult(1.0, 1.25, 0.8, 0.02),
+                            quantize_seconds=0.1, eval_seconds=0.1, latency_seconds=1.0)
     report = ProbeReport(
-        fp32_accuracy=0.9, fp32_latency_ms=1.0, int8_latency_ms=1.25, acc_loss=0.001, lat_diff=0.8,
-        lat_diff_spread=0.02, support=NO_VNNI, suggested_accuracy_loss=1.0, suggested_latency_reduce=1.0,
+        fp32_accuracy=0.9, reference=reference, support=NO_VNNI, suggested_accuracy_loss=1.0, suggested_latency_reduce=1.0,
         reasons=("a", "b"), slow_int8_causes=("cause one", "cause two"), sensitivity=None, seconds=2.0,
     )
     text = report.report()
+    assert "lat_diff 0.80x ± 2.0 % (1.250 ms per run)" in text
     assert "int8 is not faster than fp32 here (lat_diff 0.80x). Usual causes:\n    - cause one\n    - cause two" in text
     assert "sensitive" not in text
     sensitive = dataclasses.replace(report, sensitivity={
