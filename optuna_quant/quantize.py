@@ -88,7 +88,7 @@ def qdq_model(model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig) 
         copy.deepcopy(model),
         config.per_channel,
         False,  # reduce_range: only for CPUs without VNNI; this one has it (DESIGN.md section 7)
-        QuantType.QInt8 if config.weight_symmetric else QuantType.QUInt8,
+        QuantType.QInt8,
         QuantType.QInt8 if config.activation_symmetric else QuantType.QUInt8,
         copy.deepcopy(ranges),
         None,  # nodes_to_quantize: every node of op_types ...
@@ -98,6 +98,24 @@ def qdq_model(model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig) 
     )
     quantizer.quantize_model()
     return quantizer.model.model
+
+
+def collect(calibrator: CalibraterBase, feeds: Sequence[Feed], method: str) -> None:
+    """Feed ``feeds`` to ``calibrator`` one ``collect_data`` call each, logging what it does.
+
+    onnxruntime's calibrators merge successive calls, so peak memory is that of one feed.
+    """
+    samples = _samples(feeds)
+    _logger.info("Calibrating %s on %d samples (%d feeds) ...", method, samples, len(feeds))
+    start = last = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints its progress
+        for index, feed in enumerate(feeds, 1):
+            calibrator.collect_data(_FeedReader([feed]))
+            now = time.perf_counter()
+            if now - last >= PROGRESS_SECONDS and index < len(feeds):
+                last = now
+                _logger.info("Calibrating %s: %d / %d feeds, %.1f s", method, index, len(feeds), now - start)
+    _logger.info("Collected %s statistics of %d samples in %.2f s", method, samples, time.perf_counter() - start)
 
 
 class Quantizer:
@@ -140,7 +158,7 @@ class Quantizer:
                     calibrate_method=method,
                     extra_options=options,
                 )
-                self._collect(calibrator, method.name)
+                collect(calibrator, self._feeds, method.name)
             if percentile is not None:
                 self._histogram = calibrator
                 calibrator.collector.percentile = percentile
@@ -151,21 +169,6 @@ class Quantizer:
             self.calibration_seconds[method.name] = self.calibration_seconds.get(method.name, 0.0) + seconds
             _logger.info("Calibrated %s in %.2f s", range_estimator, seconds)
         return self._ranges[range_estimator]
-
-    def _collect(self, calibrator: CalibraterBase, method: str) -> None:
-        samples = _samples(self._feeds)
-        _logger.info("Calibrating %s on %d samples (%d feeds) ...", method, samples, len(self._feeds))
-        start = last = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            for index, feed in enumerate(self._feeds, 1):
-                calibrator.collect_data(_FeedReader([feed]))
-                now = time.perf_counter()
-                if now - last >= PROGRESS_SECONDS and index < len(self._feeds):
-                    last = now
-                    _logger.info("Calibrating %s: %d / %d feeds, %.1f s", method, index, len(self._feeds), now - start)
-        _logger.info(
-            "Collected %s statistics of %d samples in %.2f s", method, samples, time.perf_counter() - start
-        )
 
     def calibration_reader(self) -> CalibrationDataReader:
         """A fresh onnxruntime reader over the calibration feeds (one pass each)."""
