@@ -9,7 +9,9 @@ Calibration feeds the data one feed at a time: onnxruntime's calibrators keep ev
 of the samples given to one ``collect_data`` call until it returns (about 230 MB a sample on a
 text recognizer), and merge what successive calls collect (MinMax keeps the running min and max,
 Entropy and Percentile widen their histograms with the bin width kept). Peak memory then stays
-that of one feed, whatever the number of samples. Each one-off calibration logs a line before and
+that of one feed, whatever the number of samples. Entropy's histograms are started over each
+tensor's whole MinMax range (:func:`seed_histograms`), so that they are exactly those of one call
+on all samples. Each one-off calibration logs a line before and
 after (method, samples, seconds) on the ``optuna_quant`` logger, and its progress every
 :data:`PROGRESS_SECONDS`.
 
@@ -29,12 +31,15 @@ from pathlib import Path
 import tempfile
 import time
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import CalibrationDataReader
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.calibrate import CalibraterBase
 from onnxruntime.quantization.calibrate import create_calibrator
+from onnxruntime.quantization.calibrate import HistogramCalibrater
+from onnxruntime.quantization.calibrate import HistogramCollector
 from onnxruntime.quantization.calibrate import TensorsData
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
@@ -50,6 +55,7 @@ _logger = logging.getLogger(__name__)
 ENTROPY_NUM_BINS = 2048
 PROGRESS_SECONDS = 10.0
 """A calibration pass longer than this logs its progress at this interval."""
+_THRESHOLD_GROUP = 8  # tensors whose histogram thresholds are computed between two progress checks
 
 
 class _FeedReader(CalibrationDataReader):
@@ -118,6 +124,66 @@ def collect(calibrator: CalibraterBase, feeds: Sequence[Feed], method: str) -> N
     _logger.info("Collected %s statistics of %d samples in %.2f s", method, samples, time.perf_counter() - start)
 
 
+def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> None:
+    """Start ``calibrator``'s Entropy histograms over each tensor's whole range, from MinMax ``ranges``.
+
+    onnxruntime sizes an Entropy histogram (``num_bins`` over ``[-t, t]``, ``t`` the largest
+    absolute value) on the first ``collect_data`` call and widens it with the same bin width on
+    later ones. Fed one sample at a time, the first sample would set the resolution: the bins
+    multiply (4,854 instead of 2,048 on the demo model, entropy 40 % slower) and the thresholds
+    differ from those of one call on all samples (the demo's logits clipped at 0.78 instead of
+    12.2). Started over the overall range, each call adds its counts into the same bins, which
+    gives exactly the histograms of one call. This fills onnxruntime's ``HistogramCollector``
+    and its ``(hist, edges, min, max, threshold)`` entries, which are not public API.
+    """
+    collector = HistogramCollector(
+        method=calibrator.method,
+        symmetric=calibrator.symmetric,
+        num_bins=calibrator.num_bins,
+        num_quantized_bins=calibrator.num_quantized_bins,
+        percentile=calibrator.percentile,
+        scenario=calibrator.scenario,
+    )
+    for name in calibrator.tensors_to_calibrate:
+        low, high = ranges[name].range_value
+        dtype = np.asarray(low).dtype
+        threshold = np.array(max(abs(np.min(low)), abs(np.max(high))), dtype=dtype)
+        hist, edges = np.histogram(np.empty(0, dtype), calibrator.num_bins, range=(-threshold, threshold))
+        collector.histogram_dict[name] = (hist, edges, np.array(np.inf, dtype), np.array(-np.inf, dtype), threshold)
+    calibrator.collector = collector
+
+
+def compute(calibrator: CalibraterBase, range_estimator: str) -> TensorsData:
+    """``calibrator.compute_data()``, a few histograms at a time, logging progress.
+
+    Entropy's threshold search takes most of its calibration time (minutes on a model with a few
+    hundred tensors); computing the thresholds in groups of tensors lets it say how far it is.
+    """
+    collector = getattr(calibrator, "collector", None)
+    with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints its progress
+        if not isinstance(collector, HistogramCollector):
+            return calibrator.compute_data()
+        every = collector.histogram_dict
+        names, data, method = list(every), {}, None
+        start = last = time.perf_counter()
+        try:
+            for begin in range(0, len(names), _THRESHOLD_GROUP):
+                collector.histogram_dict = {name: every[name] for name in names[begin : begin + _THRESHOLD_GROUP]}
+                part = calibrator.compute_data()
+                data.update(part.data)
+                method = part.calibration_method
+                now = time.perf_counter()
+                if now - last >= PROGRESS_SECONDS and len(data) < len(names):
+                    last = now
+                    _logger.info(
+                        "Calibrating %s: thresholds of %d / %d tensors, %.1f s",
+                        range_estimator, len(data), len(names), now - start,
+                    )
+        finally:
+            collector.histogram_dict = every
+    return TensorsData(method, data)
+
+
 class Quantizer:
     """Builds int8 QDQ models of one fp32 model from cached calibration.
 
@@ -158,13 +224,13 @@ class Quantizer:
                     calibrate_method=method,
                     extra_options=options,
                 )
+                if method is CalibrationMethod.Entropy:
+                    seed_histograms(calibrator, self.ranges("minmax"))
                 collect(calibrator, self._feeds, method.name)
             if percentile is not None:
                 self._histogram = calibrator
                 calibrator.collector.percentile = percentile
-            # onnxruntime prints progress on stdout; keep the tuner's output to its log lines.
-            with contextlib.redirect_stdout(io.StringIO()):
-                self._ranges[range_estimator] = calibrator.compute_data()
+            self._ranges[range_estimator] = compute(calibrator, range_estimator)
             seconds = time.perf_counter() - start
             self.calibration_seconds[method.name] = self.calibration_seconds.get(method.name, 0.0) + seconds
             _logger.info("Calibrated %s in %.2f s", range_estimator, seconds)

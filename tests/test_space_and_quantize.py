@@ -244,3 +244,28 @@ def test_latency_batch_counts_samples_not_feeds(cnn, calib) -> None:
     assert batch_of(batched, 1)["input"].shape == (1, 3, 12, 12)
     assert batch_of(batched, 10)["input"].shape == (10, 3, 12, 12)
     np.testing.assert_array_equal(batch_of(batched, 10)["input"][9], calib[9][0])
+
+
+def test_entropy_one_feed_at_a_time_equals_one_call_on_all_feeds(quantizer, calib, tmp_path) -> None:
+    # onnxruntime's own way: every sample's activations in one collect_data call.
+    calibrator = create_calibrator(
+        quantizer.model_path, augmented_model_path=str(tmp_path / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.Entropy, extra_options={"num_bins": ENTROPY_NUM_BINS},
+    )
+    calibrator.collect_data(quantizer.calibration_reader())
+    want = calibrator.compute_data()
+    got = quantizer.ranges("entropy")
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name].range_value), np.asarray(want[name].range_value))
+
+
+def test_entropy_thresholds_log_their_progress(cnn, calib, caplog, monkeypatch) -> None:
+    monkeypatch.setattr("optuna_quant.quantize.PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr("optuna_quant.quantize._THRESHOLD_GROUP", 3)
+    caplog.set_level(logging.INFO, logger="optuna_quant")
+    model = load_model(cnn)
+    tensors = len(Quantizer(model, to_feeds(calib[:4], model)).ranges("entropy").data)
+    progress = [r.getMessage().split(",")[0] for r in caplog.records if "thresholds of" in r.getMessage()]
+    assert tensors == 8  # input, c1, r1, c2, r2, gap, flat, logits: a line after each group of 3 but the last
+    assert progress == [f"Calibrating entropy: thresholds of {n} / 8 tensors" for n in (3, 6)]
