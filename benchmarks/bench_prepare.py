@@ -4,8 +4,8 @@ For each model of :data:`optuna_quant.testing.shipped.SHIPPED` that is installed
 model): opset and node count before and after :func:`optuna_quant.prepare.prepare_model`; the
 reference configuration's int8/fp32 speed-up (paired timing against the user's unprepared model)
 and output error, with ``quant_pre_process`` on and off and for each ``op_types`` choice; the
-one-off calibration time of each method; and the peak memory of calibrating on 4 and on 32
-samples (each in its own process). Run::
+one-off calibration time of each method; and the peak memory (MB, before and after
+calibrating) of a process that calibrates on 4 and on 32 samples. Run::
 
     OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_prepare rapidocr_rec rapidocr_cls ddddocr_rec silero_vad_sequence demo
 
@@ -72,21 +72,20 @@ def _relative_error(fp32: ort.InferenceSession, int8: ort.InferenceSession, feed
     return float(np.sqrt(np.mean(errors) / np.mean(norms)))
 
 
-def _peak_rss_mb(name: str, method: str, count: int) -> float:
-    """Peak RSS of a fresh process that calibrates ``method`` on ``count`` feeds."""
-    code = (
-        "import resource, sys; from benchmarks.bench_prepare import _calibrate_only; "
-        f"_calibrate_only({name!r}, {method!r}, {count}); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
-    )
+def _peak_rss_mb(name: str, method: str, count: int) -> list[float]:
+    """Peak RSS (MB) of a fresh process before and after it calibrates ``method`` on ``count`` feeds."""
+    code = f"from benchmarks.bench_prepare import _calibrate_only; _calibrate_only({name!r}, {method!r}, {count})"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return int(out.stdout.split()[-1]) / 1024
+    return [round(int(kb) / 1024, 1) for kb in out.stdout.split()[-2:]]
 
 
 def _calibrate_only(name: str, method: str, count: int) -> None:
     path, feeds = _model_and_feeds(name, count)
     prepared = prepare_model(path, feeds[:1])
-    Quantizer(prepared.prepared, feeds).ranges(method)
+    quantizer = Quantizer(prepared.prepared, feeds)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    quantizer.ranges(method)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def bench(name: str, memory_counts: tuple[int, ...]) -> dict:
@@ -125,7 +124,7 @@ def bench(name: str, memory_counts: tuple[int, ...]) -> dict:
         result[key] = entry
         print(name, key, json.dumps(entry), flush=True)
     result["peak_rss_mb"] = {
-        method: {count: round(_peak_rss_mb(name, method, count), 1) for count in memory_counts}
+        method: {count: _peak_rss_mb(name, method, count) for count in memory_counts}
         for method in ("minmax", "percentile_99.99")
     }
     print(name, "peak_rss_mb", result["peak_rss_mb"], flush=True)

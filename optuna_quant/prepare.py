@@ -94,7 +94,10 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
     """
     original = load_model(model)
     checks = list(feeds[:CHECK_FEEDS])
-    expected = _run(original, checks)
+    try:
+        expected = _run(original, checks)
+    except Exception as err:
+        raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
     steps: list[str] = []
     work = onnx.ModelProto()
     work.CopyFrom(original)
@@ -204,7 +207,11 @@ def _run(model: onnx.ModelProto, feeds: list[Feed]) -> list[list[np.ndarray]]:
 def _mismatch(model: onnx.ModelProto, feeds: list[Feed], expected: list[list[np.ndarray]]) -> str | None:
     """How ``model``'s outputs differ from ``expected`` beyond :data:`RTOL`, or None."""
     outputs = [value.name for value in model.graph.output]
-    for index, (got, want) in enumerate(zip(_run(model, feeds), expected)):
+    try:
+        results = _run(model, feeds)
+    except Exception as err:  # an invalid conversion can fail only when onnxruntime loads it
+        return f"it does not run in onnxruntime ({err})"
+    for index, (got, want) in enumerate(zip(results, expected)):
         for name, a, b in zip(outputs, got, want):
             a, b = np.asarray(a), np.asarray(b)
             if a.shape != b.shape:

@@ -186,3 +186,13 @@ def test_eval_subset_size_needs_a_keyword(cnn_path, calib) -> None:
 def test_bad_benchmark_key(cnn_path, calib, agreement) -> None:
     with pytest.raises(ValueError, match="repeats"):
         oq.create_study(cnn_path, calib, agreement, benchmark={"repeats": 3}, storage="sqlite:///:memory:")
+
+
+def test_a_model_that_does_not_run_on_the_data_is_named(cnn: onnx.ModelProto) -> None:
+    # The checker passes a Conv whose weight has the wrong input channels; onnxruntime does not.
+    broken = onnx.ModelProto()
+    broken.CopyFrom(cnn)
+    weight = next(init for init in broken.graph.initializer if init.name == "w2")
+    weight.CopyFrom(onnx.numpy_helper.from_array(np.zeros((16, 5, 3, 3), np.float32), "w2"))
+    with pytest.raises(ValueError, match="does not run in onnxruntime on the calibration data"):
+        prepare_model(broken, [{"input": np.zeros((1, 3, 12, 12), np.float32)}])
