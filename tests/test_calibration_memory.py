@@ -1,7 +1,9 @@
 """Peak memory of calibration does not grow with the number of calibration samples.
 
 Each calibration runs in a fresh process whose peak resident set (``ru_maxrss``) is read at its
-end: onnxruntime allocates the activations in its own arena, which ``tracemalloc`` does not see.
+end. ``tracemalloc`` misses most of it: the arrays onnxruntime returns are not traced. With
+onnxruntime's single ``collect_data`` call on 4 and 64 samples of the model below, tracemalloc's
+peak grew from 5 to 68 MB while the resident set grew from 192 to 521 MB.
 The model has large activations next to a small input: 8 tensors of 0.5 MB a sample, so that a
 calibrator holding every sample's activations (onnxruntime's own, given all samples in one
 ``collect_data`` call) would add 240 MB between 4 and 64 samples.
@@ -49,6 +51,7 @@ def _peak_bytes(estimator: str, samples: int) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["minmax", "entropy", "percentile_99.99"])
 def test_peak_memory_of_4_and_64_samples_within_10_percent(estimator: str) -> None:
     few, many = _peak_bytes(estimator, 4), _peak_bytes(estimator, 64)

@@ -43,6 +43,7 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_shipped_model_prepares_and_quantizes_in_every_op_types_choice(name: str) -> None:
     shipped = _installed(name)
