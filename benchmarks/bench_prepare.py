@@ -21,6 +21,7 @@ from pathlib import Path
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -79,10 +80,25 @@ def _peak_rss_mb(name: str, method: str, count: int) -> list[float]:
     return [round(int(kb) / 1024, 1) for kb in out.stdout.split()[-2:]]
 
 
+def _prepared_file(name: str) -> Path:
+    """The prepared model of ``name``, written once by another process (preparation's own peak
+    would hide calibration's)."""
+    path = Path(tempfile.gettempdir()) / f"optuna-quant-bench-prepared-{name}.onnx"
+    if not path.exists():
+        code = (
+            "import onnx; from benchmarks.bench_prepare import _model_and_feeds; "
+            "from optuna_quant.prepare import prepare_model; "
+            f"model, feeds = _model_and_feeds({name!r}, 1); "
+            f"onnx.save(prepare_model(model, feeds).prepared, {str(path)!r})"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    return path
+
+
 def _calibrate_only(name: str, method: str, count: int) -> None:
-    path, feeds = _model_and_feeds(name, count)
-    prepared = prepare_model(path, feeds[:1])
-    quantizer = Quantizer(prepared.prepared, feeds)
+    prepared = _prepared_file(name)
+    _, feeds = _model_and_feeds(name, count)
+    quantizer = Quantizer(onnx.load(str(prepared)), feeds)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     quantizer.ranges(method)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
