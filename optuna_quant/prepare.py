@@ -109,7 +109,10 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
         work = _upgraded(work, opset)
         mismatch = _mismatch(work, checks, expected)
         if mismatch:
-            raise ValueError(f"Converting the model from opset {opset} to {MIN_OPSET} changes its outputs: {mismatch}.")
+            raise ValueError(
+                f"Converting the model from opset {opset} to {MIN_OPSET} changes its outputs: {mismatch}. "
+                f"Re-export the model with opset {MIN_OPSET} or later."
+            )
         steps.append(f"opset {opset} -> {MIN_OPSET}")
     if pre_process:
         work = _pre_processed(work, checks, expected, steps)
