@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 from pathlib import Path
-import resource
 import subprocess
 import sys
 import tempfile
@@ -95,13 +94,18 @@ def _prepared_file(name: str) -> Path:
     return path
 
 
+def _peak_kb() -> int:
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent process.
+    return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+
+
 def _calibrate_only(name: str, method: str, count: int) -> None:
     prepared = _prepared_file(name)
     _, feeds = _model_and_feeds(name, count)
     quantizer = Quantizer(onnx.load(str(prepared)), feeds)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print(_peak_kb())
     quantizer.ranges(method)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print(_peak_kb())
 
 
 def bench(name: str, memory_counts: tuple[int, ...]) -> dict:
