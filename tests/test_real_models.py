@@ -7,6 +7,7 @@ a test skips, naming the package, only when its wheel is not installed.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -102,3 +103,17 @@ def test_calibration_of_variable_width_text_lines(estimator: str) -> None:
     int8 = Quantizer(prepared.prepared, feeds).quantize(QuantConfig(range_estimator=estimator))
     want = _session(prepared.original).run(None, feeds[2])[0]
     assert _session(int8).run(None, feeds[2])[0].shape == want.shape
+
+
+def test_the_example_of_docs_models_md_runs_as_written(capsys) -> None:
+    _installed("rapidocr_cls")
+    text = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(example, "docs/models.md", "exec"), namespace)
+    printed = capsys.readouterr().out.strip()
+    # The comment under print() shows the steps, wrapped over two lines.
+    shown = "".join(line[1:].strip() for line in example.splitlines() if line.startswith(("# (", "#  '")))
+    assert printed == str(namespace["prepared"].steps)
+    assert shown == printed.replace("', '", "','")
+    assert len(namespace["space"].nodes) == 54
