@@ -113,7 +113,6 @@ def test_the_example_of_docs_models_md_runs_as_written(capsys) -> None:
     exec(compile(example, "docs/models.md", "exec"), namespace)
     printed = capsys.readouterr().out.strip()
     # The comment under print() shows the steps, wrapped over two lines.
-    shown = "".join(line[1:].strip() for line in example.splitlines() if line.startswith(("# (", "#  '")))
-    assert printed == str(namespace["prepared"].steps)
-    assert shown == printed.replace("', '", "','")
+    shown = " ".join(line[1:].strip() for line in example.splitlines() if line.startswith(("# (", "#  '")))
+    assert printed == str(namespace["prepared"].steps) == shown
     assert len(namespace["space"].nodes) == 54
