@@ -116,3 +116,12 @@ def test_the_example_of_docs_models_md_runs_as_written(capsys) -> None:
     shown = " ".join(line[1:].strip() for line in example.splitlines() if line.startswith(("# (", "#  '")))
     assert printed == str(namespace["prepared"].steps) == shown
     assert len(namespace["space"].nodes) == 54
+
+
+def test_prepared_node_names_are_stable_and_all_named() -> None:
+    shipped = _installed("rapidocr_cls")  # its Relu, HardSigmoid, ... nodes ship unnamed
+    feeds = shipped.feeds(2)
+    first, second = (prepare_model(shipped.path(), feeds).prepared for _ in range(2))
+    names = [n.name for n in first.graph.node]
+    assert names == [n.name for n in second.graph.node]
+    assert all(names) and len(set(names)) == len(names)
