@@ -27,7 +27,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 import logging
 from pathlib import Path
@@ -169,7 +170,8 @@ def _pre_processed(
             pre_logger = logging.getLogger("onnxruntime.quantization.shape_inference")
             pre_logger.addHandler(errors)
             try:
-                quant_pre_process(str(source), str(output), **options)
+                with _no_stray_file(SYMBOLIC_SHAPE_DUMP):
+                    quant_pre_process(str(source), str(output), **options)
                 failure = errors.first
             except Exception as err:  # symbolic shape inference raises on what it cannot infer
                 frame = traceback.extract_tb(err.__traceback__)[-1]
@@ -186,6 +188,23 @@ def _pre_processed(
             _logger.warning("%s failed (%s); trying the next fallback.", label, failure.splitlines()[0])
     steps.append("quant_pre_process skipped: every attempt failed")
     return model
+
+
+# onnxruntime's symbolic shape inference dumps the model here, in the current directory, when it
+# fails; the user's folder is no place for it.
+SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
+
+
+@contextmanager
+def _no_stray_file(path: Path) -> Iterator[None]:
+    """Remove ``path`` (and its external data) after the block if the block created it."""
+    existed = path.exists()
+    try:
+        yield
+    finally:
+        if not existed:
+            for stray in (path, path.with_name(path.name + ".data")):
+                stray.unlink(missing_ok=True)
 
 
 class _ErrorRecords(logging.Handler):

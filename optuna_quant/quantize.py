@@ -121,7 +121,7 @@ def collect(calibrator: CalibraterBase, feeds: Sequence[Feed], method: str) -> N
             if now - last >= PROGRESS_SECONDS and index < len(feeds):
                 last = now
                 _logger.info("Calibrating %s: %d / %d feeds, %.1f s", method, index, len(feeds), now - start)
-    _logger.info("Collected %s statistics of %d samples in %.2f s", method, samples, time.perf_counter() - start)
+    _logger.debug("Collected %s statistics of %d samples in %.2f s", method, samples, time.perf_counter() - start)
 
 
 def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> None:
