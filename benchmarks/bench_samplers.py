@@ -17,8 +17,11 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
-``--prior`` hands optuna-quant's samplers (``set_prior``) per-layer, per-choice scores read from
-the table's per-layer measurements (:func:`layer_prior`); they report as ``<name>+prior``.
+``--prior`` hands optuna-quant's samplers (``set_prior``) per-layer, per-choice scores from the
+table's per-layer sensitivity (:func:`sensitivity_prior`, ``optuna_quant.sensitivity``'s
+``choice_scores``); they report as ``<name>+prior``. ``--prior standin`` takes the scores from the
+stand-in read from the table's rows instead (:func:`standin_prior`), reported as
+``<name>+prior-standin``.
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -64,6 +67,8 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
+from optuna_quant.sensitivity import LayerSensitivity, choice_scores  # noqa: E402
+from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHECKPOINTS = (25, 50, 100)
@@ -153,8 +158,8 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
-def layer_prior(table: Table) -> dict[str, dict[str, float]]:
-    """Per-layer scores of ``fp32`` and ``int8`` from the table's per-layer measurements.
+def standin_prior(table: Table) -> dict[str, dict[str, float]]:
+    """Per-layer scores of ``fp32`` and ``int8`` from the table's stand-in per-layer measurements.
 
     For each layer, the measurement of the default configuration with that layer alone in fp32
     gives what reverting it buys in accuracy (``gain``: acc_loss saved, in units of the accuracy
@@ -163,7 +168,7 @@ def layer_prior(table: Table) -> dict[str, dict[str, float]]:
     is likely good when it buys more accuracy than it costs speed; int8 scores the rest.
 
     Raises:
-        ValueError: If the table has no per-layer measurements.
+        ValueError: If the table has no stand-in measurements.
     """
     if table.layer_sensitivity_standin is None:
         raise ValueError(
@@ -180,6 +185,35 @@ def layer_prior(table: Table) -> dict[str, dict[str, float]]:
     return prior
 
 
+def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
+    """Per-layer scores of ``int8`` and ``fp32`` from the table's per-layer sensitivity.
+
+    ``optuna_quant.sensitivity.choice_scores`` of the measurement, which the table keys by its
+    layer parameters (``layer:<node>``), the names ``choice_scores`` gives its scores.
+
+    Raises:
+        ValueError: If the table has no per-layer sensitivity.
+    """
+    if table.layer_sensitivity is None:
+        raise ValueError(
+            f"Table {table.name!r} has no per-layer sensitivity (layer_sensitivity); add it with: "
+            f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
+        )
+    sens = {
+        name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
+        for name, measured in table.layer_sensitivity.items()
+    }
+    return choice_scores(sens)
+
+
+PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
+    "sensitivity": sensitivity_prior,
+    "standin": standin_prior,
+}
+"""The priors ``--prior`` can give, by name; the first is the default."""
+PRIOR_SUFFIX = {"sensitivity": "+prior", "standin": "+prior-standin"}
+
+
 def run_optuna(
     factory: SamplerFactory,
     table: Table,
@@ -187,10 +221,10 @@ def run_optuna(
     budget: int,
     constraints: bool,
     stop_at_target: bool = False,
-    prior: bool = False,
+    prior: str | None = None,
 ) -> Trace:
     """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target);
-    with ``prior``, the sampler gets :func:`layer_prior` through its ``set_prior``."""
+    with ``prior`` (a key of :data:`PRIORS`), the sampler gets that prior through its ``set_prior``."""
     replay = Replay(table)
     target = table.target
 
@@ -208,8 +242,8 @@ def run_optuna(
         return loss
 
     sampler = factory(seed)
-    if prior:
-        sampler.set_prior(layer_prior(table))
+    if prior is not None:
+        sampler.set_prior(PRIORS[prior](table))
     start = time.perf_counter()
     study = optuna.create_study(sampler=sampler)
     study.optimize(objective, n_trials=budget)
@@ -265,7 +299,7 @@ class Task:
     budget: int
     constraints: bool
     stop_at_target: bool = False
-    prior: bool = False
+    prior: str | None = None
 
 
 @lru_cache(maxsize=None)
@@ -452,8 +486,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--prior",
-        action="store_true",
-        help="give the samplers (those with set_prior) the per-layer prior of each table; names get '+prior'",
+        nargs="?",
+        const="sensitivity",
+        choices=sorted(PRIORS),
+        help="give the samplers (those with set_prior) a per-layer prior from each table: its measured "
+        "sensitivity (the default; names get '+prior') or the stand-in read from its rows ('+prior-standin')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
@@ -502,10 +539,12 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         )
         if without:
             raise SystemExit(f"--prior needs samplers with set_prior; these have none: {without}.")
-        samplers = {f"{name}+prior": spec for name, spec in samplers.items()}
+        samplers = {name + PRIOR_SUFFIX[args.prior]: spec for name, spec in samplers.items()}
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     paths = table_paths(args.tables)
+    for path in paths if args.prior else ():
+        PRIORS[args.prior](load_table(str(path)))  # a table without the measurement fails before any study
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [
         Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target, args.prior)
