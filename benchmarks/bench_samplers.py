@@ -49,7 +49,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Iterator, Sequence  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping, Sequence  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -67,7 +67,7 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
-from optuna_quant.sensitivity import LayerSensitivity, choice_scores  # noqa: E402
+from optuna_quant.sensitivity import SCORE_RANGE, LayerSensitivity, choice_scores  # noqa: E402
 from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -158,14 +158,30 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
-def standin_prior(table: Table) -> dict[str, dict[str, float]]:
-    """Per-layer scores of ``fp32`` and ``int8`` from the table's stand-in per-layer measurements.
+def revert_scores(gain: float, cost: float) -> dict[str, float]:
+    """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
 
-    For each layer, the measurement of the default configuration with that layer alone in fp32
-    gives what reverting it buys in accuracy (``gain``: acc_loss saved, in units of the accuracy
-    target) and costs in speed (``cost``: the share of the default's ``lat_diff`` lost). The
-    score of fp32 is ``sigmoid(4 * (gain - cost))``, kept within [0.05, 0.95]: reverting a layer
-    is likely good when it buys more accuracy than it costs speed; int8 scores the rest.
+    ``gain``: the accuracy loss it saves, in units of the accuracy target; ``cost``: the share of
+    the default's ``lat_diff`` it loses. fp32 scores ``sigmoid(4 * (gain - cost))`` within
+    [0.05, 0.95]: reverting a layer is likely good when it buys more accuracy than it costs
+    speed; int8 scores the rest.
+    """
+    fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
+    return {"fp32": fp32, "int8": 1.0 - fp32}
+
+
+def revert_cost(table: Table, name: str) -> float:
+    """The share of the default's ``lat_diff`` lost by reverting layer parameter ``name`` alone,
+    measured end to end (the table's row of that configuration)."""
+    reference = table.lookup(table.reference)["lat_diff"]
+    return (reference - table.lookup({**table.reference, name: "fp32"})["lat_diff"]) / reference
+
+
+def standin_prior(table: Table) -> dict[str, dict[str, float]]:
+    """:func:`revert_scores` of each layer from the table's stand-in per-layer measurements.
+
+    The measurement of the default configuration with that layer alone in fp32 gives both what
+    reverting it buys in accuracy and what it costs in speed.
 
     Raises:
         ValueError: If the table has no stand-in measurements.
@@ -175,21 +191,35 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
             f"Table {table.name!r} has no per-layer measurements (layer_sensitivity_standin); add them "
             "with: .venv/bin/python -m benchmarks.build_tables --layer-standin"
         )
-    reference = table.lookup(table.reference)
-    prior = {}
-    for name, row in table.layer_sensitivity_standin.items():
-        gain = (reference["acc_loss"] - row["acc_loss"]) / (table.target.accuracy_loss / 100.0)
-        cost = (reference["lat_diff"] - row["lat_diff"]) / reference["lat_diff"]
-        fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
-        prior[name] = {"fp32": fp32, "int8": 1.0 - fp32}
-    return prior
+    reference = table.lookup(table.reference)["acc_loss"]
+    return {
+        name: revert_scores((reference - row["acc_loss"]) / (table.target.accuracy_loss / 100.0), revert_cost(table, name))
+        for name, row in table.layer_sensitivity_standin.items()
+    }
 
 
-def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
-    """Per-layer scores of ``int8`` and ``fp32`` from the table's per-layer sensitivity.
+def target_prior(table: Table) -> dict[str, dict[str, float]]:
+    """A prototype: :func:`revert_scores` with the accuracy gain predicted by the per-layer sensitivity.
 
-    ``optuna_quant.sensitivity.choice_scores`` of the measurement, which the table keys by its
-    layer parameters (``layer:<node>``), the names ``choice_scores`` gives its scores.
+    The default configuration's measured ``acc_loss`` is shared out over the layers as their
+    output error is: reverting a layer saves ``acc_loss * error_recovered / sum(error_alone)``
+    (the summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units
+    of the accuracy target. The speed it costs is measured end to end (:func:`revert_cost`):
+    the profiled node times of ``optuna_quant.sensitivity`` leave out the quantize and
+    dequantize nodes that a revert adds, which is most of what it costs on these models.
+    """
+    sens = table_sensitivity(table)
+    total = sum(max(s.error_alone, 0.0) for s in sens.values())
+    reference = table.lookup(table.reference)["acc_loss"]
+    scores = {}
+    for node, s in sens.items():
+        gain = reference * s.error_recovered / total / (table.target.accuracy_loss / 100.0) if total > 0 else 0.0
+        scores[LAYER_PREFIX + node] = revert_scores(gain, revert_cost(table, LAYER_PREFIX + node))
+    return scores
+
+
+def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
+    """The table's per-layer sensitivity by node name, as ``optuna_quant.sensitivity`` returns it.
 
     Raises:
         ValueError: If the table has no per-layer sensitivity.
@@ -199,19 +229,53 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
             f"Table {table.name!r} has no per-layer sensitivity (layer_sensitivity); add it with: "
             f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
         )
-    sens = {
+    return {
         name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
         for name, measured in table.layer_sensitivity.items()
     }
-    return choice_scores(sens)
+
+
+def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
+    """``optuna_quant.sensitivity.choice_scores`` of the table's per-layer sensitivity.
+
+    The table keys its measurement by its layer parameters (``layer:<node>``), the names that
+    ``choice_scores`` gives its scores.
+    """
+    return choice_scores(table_sensitivity(table))
+
+
+def share_scores(sens: Mapping[str, LayerSensitivity]) -> dict[str, dict[str, float]]:
+    """A prototype of ``choice_scores`` that has no opinion on layers that are alike.
+
+    ``p = 0.5 + 0.4 (t - a)`` as in ``choice_scores``, but ``a`` is the layer's share of the
+    summed accuracy cost and ``t`` its share of the summed positive time saving, instead of each
+    over the largest: layers that cost and save alike all score 0.5, where ``choice_scores``
+    gives every layer the largest layer's verdict.
+    """
+    total_cost = sum(max(s.acc_cost, 0.0) for s in sens.values())
+    total_saved = sum(max(s.time_saved_ms, 0.0) for s in sens.values())
+    scores = {}
+    for node, s in sens.items():
+        a = max(s.acc_cost, 0.0) / total_cost if total_cost > 0 else 0.0
+        t = max(s.time_saved_ms, 0.0) / total_saved if total_saved > 0 else 0.0
+        p = round(min(max(0.5 + 0.4 * (t - a), SCORE_RANGE[0]), SCORE_RANGE[1]), 4)
+        scores[LAYER_PREFIX + node] = {"int8": p, "fp32": round(1.0 - p, 4)}
+    return scores
+
+
+def share_prior(table: Table) -> dict[str, dict[str, float]]:
+    """:func:`share_scores` of the table's per-layer sensitivity."""
+    return share_scores(table_sensitivity(table))
 
 
 PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
     "sensitivity": sensitivity_prior,
+    "shares": share_prior,
     "standin": standin_prior,
+    "targets": target_prior,
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
-PRIOR_SUFFIX = {"sensitivity": "+prior", "standin": "+prior-standin"}
+PRIOR_SUFFIX = {"sensitivity": "+prior", "shares": "+prior-shares", "standin": "+prior-standin", "targets": "+prior-targets"}
 
 
 def run_optuna(
