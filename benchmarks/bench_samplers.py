@@ -170,11 +170,13 @@ def revert_scores(gain: float, cost: float) -> dict[str, float]:
     return {"fp32": fp32, "int8": 1.0 - fp32}
 
 
-def revert_cost(table: Table, name: str) -> float:
-    """The share of the default's ``lat_diff`` lost by reverting layer parameter ``name`` alone,
-    measured end to end (the table's row of that configuration)."""
-    reference = table.lookup(table.reference)["lat_diff"]
-    return (reference - table.lookup({**table.reference, name: "fp32"})["lat_diff"]) / reference
+def revert_cost(table: Table, name: str, scopes: Mapping[str, Any] | None = None) -> float:
+    """The share of ``lat_diff`` lost by reverting layer parameter ``name`` alone from the
+    all-int8 configuration with the other parameters at ``scopes`` (default: the default
+    configuration), measured end to end (the table's rows of both configurations)."""
+    base = {**table.reference, **(scopes or {})}
+    all_int8 = table.lookup(base)["lat_diff"]
+    return (all_int8 - table.lookup({**base, name: "fp32"})["lat_diff"]) / all_int8
 
 
 def standin_prior(table: Table) -> dict[str, dict[str, float]]:
@@ -198,24 +200,76 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
     }
 
 
-def target_prior(table: Table) -> dict[str, dict[str, float]]:
-    """A prototype: :func:`revert_scores` with the accuracy gain predicted by the per-layer sensitivity.
+def layer_revert_scores(
+    table: Table, sens: Mapping[str, LayerSensitivity], acc_loss: float, scopes: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, float]]:
+    """:func:`revert_scores` of each layer, the accuracy gain predicted by its sensitivity.
 
-    The default configuration's measured ``acc_loss`` is shared out over the layers as their
-    output error is: reverting a layer saves ``acc_loss * error_recovered / sum(error_alone)``
-    (the summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units
-    of the accuracy target. The speed it costs is measured end to end (:func:`revert_cost`):
-    the profiled node times of ``optuna_quant.sensitivity`` leave out the quantize and
-    dequantize nodes that a revert adds, which is most of what it costs on these models.
+    ``acc_loss`` (the all-int8 configuration's, with the other parameters at ``scopes``) is
+    shared out over the layers as their output error is: reverting a layer saves
+    ``acc_loss * error_recovered / sum(error_alone)`` (the summed ``error_alone`` standing for
+    the all-int8 error, as the errors add up), in units of the accuracy target. The speed it
+    costs is measured end to end (:func:`revert_cost`): the profiled node times of
+    ``optuna_quant.sensitivity`` leave out the quantize, dequantize and layout nodes that a
+    revert adds, which is most of what it costs on these models.
     """
-    sens = table_sensitivity(table)
     total = sum(max(s.error_alone, 0.0) for s in sens.values())
-    reference = table.lookup(table.reference)["acc_loss"]
-    scores = {}
-    for node, s in sens.items():
-        gain = reference * s.error_recovered / total / (table.target.accuracy_loss / 100.0) if total > 0 else 0.0
-        scores[LAYER_PREFIX + node] = revert_scores(gain, revert_cost(table, LAYER_PREFIX + node))
-    return scores
+    target = table.target.accuracy_loss / 100.0
+    return {
+        LAYER_PREFIX + node: revert_scores(
+            acc_loss * s.error_recovered / total / target if total > 0 else 0.0,
+            revert_cost(table, LAYER_PREFIX + node, scopes),
+        )
+        for node, s in sens.items()
+    }
+
+
+def target_prior(table: Table) -> dict[str, dict[str, float]]:
+    """A prototype: :func:`layer_revert_scores` at the default configuration, from its measured ``acc_loss``."""
+    return layer_revert_scores(table, table_sensitivity(table), table.lookup(table.reference)["acc_loss"])
+
+
+def scope_scores(table: Table) -> dict[str, dict[str, float]]:
+    """Scores of the choices of the other parameters from the all-int8 output errors (``scope_errors``).
+
+    A choice scores the lowest error of any combination with it relative to the lowest of all
+    (``lowest / its``), within ``SCORE_RANGE``: the choices that quantize with the least error
+    lead, one ten times worse is unlikely.
+    """
+    best: dict[str, dict[Any, float]] = {}
+    for entry in table.scope_errors or ():
+        for name, choice in entry["params"].items():
+            by_choice = best.setdefault(name, {})
+            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
+    lowest = min(entry["error"] for entry in table.scope_errors or ())
+    low, high = SCORE_RANGE
+    return {
+        name: {choice: float(np.clip(lowest / error, low, high)) for choice, error in by_choice.items()}
+        for name, by_choice in best.items()
+    }
+
+
+def base_prior(table: Table) -> dict[str, dict[str, float]]:
+    """A prototype: the sensitivity measured where quantizing loses the least, not at the default.
+
+    The other parameters score by :func:`scope_scores`; the layers by :func:`layer_revert_scores`
+    of the sensitivity measured at the combination of the other parameters with the lowest
+    all-int8 output error (``base_sensitivity``), whose ``acc_loss`` is predicted from the
+    default's, scaled by the ratio of the two output errors.
+
+    Raises:
+        ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
+    """
+    if table.scope_errors is None or table.base_sensitivity is None:
+        raise ValueError(
+            f"Table {table.name!r} has no scope_errors or base_sensitivity; add them with: "
+            f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
+        )
+    scopes = table.base_sensitivity["params"]
+    errors = {table.key({**table.reference, **entry["params"]}): entry["error"] for entry in table.scope_errors}
+    ratio = errors[table.key({**table.reference, **scopes})] / errors[table.key(table.reference)]
+    acc_loss = table.lookup(table.reference)["acc_loss"] * ratio
+    return {**scope_scores(table), **layer_revert_scores(table, by_node(table.base_sensitivity["layers"]), acc_loss, scopes)}
 
 
 def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
@@ -229,10 +283,12 @@ def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
             f"Table {table.name!r} has no per-layer sensitivity (layer_sensitivity); add it with: "
             f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
         )
-    return {
-        name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
-        for name, measured in table.layer_sensitivity.items()
-    }
+    return by_node(table.layer_sensitivity)
+
+
+def by_node(layers: Mapping[str, Mapping[str, float]]) -> dict[str, LayerSensitivity]:
+    """Per-layer measurements keyed by layer parameter (``layer:<node>``) as ``LayerSensitivity`` by node."""
+    return {name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured) for name, measured in layers.items()}
 
 
 def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
@@ -273,9 +329,10 @@ PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
     "shares": share_prior,
     "standin": standin_prior,
     "targets": target_prior,
+    "base": base_prior,
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
-PRIOR_SUFFIX = {"sensitivity": "+prior", "shares": "+prior-shares", "standin": "+prior-standin", "targets": "+prior-targets"}
+PRIOR_SUFFIX = {"sensitivity": "+prior", "shares": "+prior-shares", "standin": "+prior-standin", "targets": "+prior-targets", "base": "+prior-base"}
 
 
 def run_optuna(

@@ -42,6 +42,7 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from benchmarks.models.train import MODELS_DIR  # noqa: E402
@@ -57,6 +58,7 @@ from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 N_CALIBRATION = 200
 BENCHMARK = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3, batch_size=1)
+SENSITIVITY_SAMPLES = 32
 # More profiled runs than measure_sensitivity's default 20: a node's median over 100 runs of a
 # model of a tenth of a millisecond stays put on the loaded machine.
 SENSITIVITY_PROFILE_RUNS = 100
@@ -205,29 +207,72 @@ def longest_layer_names_first() -> Iterator[None]:
         sensitivity.layer_of = original
 
 
-def layer_sensitivity(measured: Setup) -> dict[str, dict[str, float]]:
+def layer_sensitivity(measured: Setup, scopes: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """The per-layer sensitivity of the table's model, keyed by the table's layer parameters.
 
-    Measured at the default configuration (every layer int8, the other scopes at their first
-    choice), on the objective's quantizer and calibration feeds, one thread and batch 1 as the
-    table's latency.
+    Measured with every layer int8 and the other parameters at ``scopes`` (default: their first
+    choice, the default configuration), on the objective's quantizer and the first
+    :data:`SENSITIVITY_SAMPLES` calibration feeds, one thread and batch 1 as the table's latency.
     """
     objective = measured.objective
+    params = {**objective.space.default_params(), **(scopes or {})}
     with longest_layer_names_first():
         sens = sensitivity.measure_sensitivity(
             objective.model,
             objective.quantizer,
             to_feeds(measured.calibration, objective.model),
             objective.space.nodes,
-            base_config=objective.space.to_config(objective.space.default_params()),
+            base_config=objective.space.to_config(params),
+            n_samples=SENSITIVITY_SAMPLES,
             profile_runs=SENSITIVITY_PROFILE_RUNS,
             settings=BENCHMARK,
         )
     return {LAYER_PREFIX + node: s.to_dict() for node, s in sens.items()}
 
 
+def scope_errors(measured: Setup) -> list[dict[str, Any]]:
+    """The all-int8 output error of every combination of the other parameters (not ``layer:``).
+
+    The noise-to-signal ratio of the int8 model's outputs against fp32's on the first
+    :data:`SENSITIVITY_SAMPLES` calibration feeds (``optuna_quant.sensitivity.output_error``).
+    """
+    objective = measured.objective
+    feeds = to_feeds(measured.calibration, objective.model)[:SENSITIVITY_SAMPLES]
+
+    def outputs(model: onnx.ModelProto) -> list[list[np.ndarray]]:
+        session = ort.InferenceSession(
+            model.SerializeToString(), BENCHMARK.session_options(), providers=["CPUExecutionProvider"]
+        )
+        return [session.run(None, feed) for feed in feeds]
+
+    reference = outputs(objective.model)
+    choices = {
+        name: list(dist.choices)
+        for name, dist in objective.space.distributions().items()
+        if not name.startswith(LAYER_PREFIX)
+    }
+    errors = []
+    for scopes in configurations(choices):
+        model = objective.quantizer.quantize(objective.space.to_config({**objective.space.default_params(), **scopes}))
+        errors.append({"params": scopes, "error": sensitivity.output_error(reference, outputs(model))})
+    return errors
+
+
+def with_sensitivity(table: Table, measured: Setup) -> Table:
+    """``table`` with the sensitivity of its model: per layer at the default configuration, per
+    combination of the other parameters, and per layer at the combination with the lowest error."""
+    errors = scope_errors(measured)
+    base = min(errors, key=lambda entry: entry["error"])["params"]
+    return dataclasses.replace(
+        table,
+        layer_sensitivity=layer_sensitivity(measured),
+        scope_errors=errors,
+        base_sensitivity={"params": base, "layers": layer_sensitivity(measured, base)},
+    )
+
+
 def build(name: str) -> Table:
-    """Measure one table: every row, the stand-in and the per-layer sensitivity."""
+    """Measure one table: every row, the stand-in and the sensitivity (:func:`with_sensitivity`)."""
     spec = SPECS[name]
     measured = setup(name)
     objective = measured.objective
@@ -239,20 +284,13 @@ def build(name: str) -> Table:
         targets=spec.targets,
         fp32={"accuracy": 1.0, "latency_ms": fp32_ms},
         rows=rows,
-        layer_sensitivity=layer_sensitivity(measured),
     )
-    return table.with_layer_standin()
+    return with_sensitivity(table.with_layer_standin(), measured)
 
 
 def retarget(name: str) -> Table:
     """An existing table with the targets of its spec: no measuring."""
     return dataclasses.replace(Table.load(TABLES_DIR / f"{name}.json"), targets=SPECS[name].targets)
-
-
-def with_sensitivity(name: str) -> Table:
-    """An existing table with the per-layer sensitivity of its model: its rows are not measured again."""
-    table = Table.load(TABLES_DIR / f"{name}.json")
-    return dataclasses.replace(table, layer_sensitivity=layer_sensitivity(setup(name)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -277,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.layer_standin:
             table = Table.load(TABLES_DIR / f"{name}.json").with_layer_standin()
         elif args.sensitivity_only:
-            table = with_sensitivity(name)
+            table = with_sensitivity(Table.load(TABLES_DIR / f"{name}.json"), setup(name))
         elif args.retarget:
             table = retarget(name)
         else:

@@ -16,13 +16,19 @@ sampler may take as a prior::
 
      "layer_sensitivity": {layer_param: {"error_alone": float, "error_recovered": float,
                                          "fp32_ms": float, "int8_ms": float}},
-     "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}}
+     "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}},
+     "scope_errors": [{"params": {scope_param: choice}, "error": float}, ...],
+     "base_sensitivity": {"params": {scope_param: choice}, "layers": {layer_param: {...}}}
 
 ``layer_sensitivity`` is ``optuna_quant.sensitivity.measure_sensitivity`` run on the table's
 model, calibration data and quantizer at the default configuration
 (``LayerSensitivity.to_dict()`` per layer). ``layer_sensitivity_standin`` is the row of the
 configuration that differs from the default one in that layer alone (fp32), read from the
-table's rows: the stand-in used before tables carried the real measurement.
+table's rows: the stand-in used before tables carried the real measurement. ``scope_errors``
+holds, for every combination of the other parameters (range estimator, granularity, mode) with
+every layer int8, the output error against fp32 on the calibration samples (the noise-to-signal
+ratio of ``optuna_quant.sensitivity.output_error``); ``base_sensitivity`` is the per-layer
+sensitivity measured at the combination with the lowest of these errors.
 
 Example:
     >>> table = Table.from_rows(
@@ -68,6 +74,9 @@ class Table:
         layer_sensitivity: Per layer parameter, ``optuna_quant.sensitivity``'s
             ``LayerSensitivity.to_dict()`` measured on the table's model; ``None`` when not
             measured.
+        scope_errors: The all-int8 output error of every combination of the other parameters.
+        base_sensitivity: The per-layer sensitivity at the combination of the other parameters
+            with the lowest output error (``params``), by layer parameter (``layers``).
     """
 
     name: str
@@ -78,6 +87,8 @@ class Table:
     rows: list[dict[str, Any]]
     layer_sensitivity_standin: dict[str, dict[str, float]] | None = None
     layer_sensitivity: dict[str, dict[str, float]] | None = None
+    scope_errors: list[dict[str, Any]] | None = None
+    base_sensitivity: dict[str, Any] | None = None
     _index: dict[Key, dict[str, Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -89,11 +100,17 @@ class Table:
                 f"it has {len(self.rows)} rows for {len(index)} distinct configurations."
             )
         object.__setattr__(self, "_index", index)
-        unknown = sorted(set(self.layer_sensitivity or ()) - set(self.params))
-        if unknown:
-            raise ValueError(
-                f"Table {self.name!r}: layer_sensitivity names {unknown}, which are not parameters of the table."
-            )
+        named = {
+            "layer_sensitivity": set(self.layer_sensitivity or ()),
+            "scope_errors": {name for entry in self.scope_errors or () for name in entry["params"]},
+            "base_sensitivity": set(self.base_sensitivity["params"]) | set(self.base_sensitivity["layers"])
+            if self.base_sensitivity
+            else set(),
+        }
+        for key, names in named.items():
+            unknown = sorted(names - set(self.params))
+            if unknown:
+                raise ValueError(f"Table {self.name!r}: {key} names {unknown}, which are not parameters of the table.")
 
     @classmethod
     def from_rows(cls, **fields: Any) -> Table:
@@ -116,7 +133,7 @@ class Table:
             "targets": self.targets,
             "fp32": self.fp32,
         }
-        for key in ("layer_sensitivity_standin", "layer_sensitivity"):
+        for key in ("layer_sensitivity_standin", "layer_sensitivity", "scope_errors", "base_sensitivity"):
             if getattr(self, key) is not None:
                 head[key] = getattr(self, key)
         body = json.dumps(head, indent=1)[:-2]
