@@ -31,6 +31,8 @@ from benchmarks.bench_samplers import (  # noqa: E402
     share_prior,
     smallest_choice_count,
     standin_prior,
+    base_prior,
+    scope_scores,
     summarise,
     target_prior,
     trials_to_target,
@@ -371,3 +373,59 @@ def test_layers_named_as_prefixes_of_each_other_get_their_own_time() -> None:
         fixed = measure()
     assert fixed["node_conv_1"].int8_ms > 0.0
     assert sensitivity.layer_of.__name__ == "layer_of" and sensitivity.layer_of.__module__ == sensitivity.__name__
+
+
+def test_base_prior_scores_the_scopes_and_the_layers_where_quantizing_loses_least(layered: Table) -> None:
+    with pytest.raises(ValueError, match="'layered' has no scope_errors or base_sensitivity.*--sensitivity-only"):
+        base_prior(layered)
+    with pytest.raises(ValueError, match=r"scope_errors names \['mode'\]"):
+        dataclasses.replace(layered, scope_errors=[{"params": {"mode": "symmetric"}, "error": 0.1}])
+    table = dataclasses.replace(
+        layered,
+        scope_errors=[{"params": {"est": "minmax"}, "error": 0.02}, {"params": {"est": "entropy"}, "error": 0.004}],
+        base_sensitivity={"params": {"est": "entropy"}, "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()}},
+    )
+    assert scope_scores(table) == {"est": {"minmax": pytest.approx(0.2), "entropy": 0.9}}
+    prior = base_prior(table)
+    assert prior["est"] == scope_scores(table)["est"]
+    # At entropy the default's acc_loss 0.02 is predicted 5 times lower: reverting l0 saves
+    # 0.004 * 0.15 / 0.21 (0.29 targets) and costs 5 % of lat_diff; l1 saves nothing, costs 40 %.
+    assert prior["layer:l0"]["fp32"] == pytest.approx(1 / (1 + np.exp(-4 * (0.004 * 0.15 / 0.21 / 0.01 - 0.05))))
+    assert prior["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)))
+
+
+@pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
+def test_committed_model_tables_carry_the_error_of_every_scope_combination(name: str) -> None:
+    table = Table.load(TABLES_DIR / f"{name}.json")
+    scopes = {p: c for p, c in table.params.items() if not p.startswith("layer:")}
+    assert sorted(table.key({**table.reference, **e["params"]}) for e in table.scope_errors) == sorted(
+        table.key({**table.reference, **c}) for c in configurations(scopes)
+    )
+    best = min(table.scope_errors, key=lambda e: e["error"])
+    assert table.base_sensitivity["params"] == best["params"]
+    assert set(table.base_sensitivity["layers"]) == set(table.layer_sensitivity)
+
+
+def test_scope_errors_and_layer_sensitivity_measure_the_tables_objective(tmp_path: Path) -> None:
+    from benchmarks.build_tables import BENCHMARK, Setup, layer_sensitivity, scope_errors
+    from examples.tiny_cnn import build_cnn, calibration_data, fp32_agreement
+    from optuna_quant.model_io import to_feeds
+    from optuna_quant.objective import QuantizationObjective
+    from optuna_quant.sensitivity import measure_sensitivity
+    from optuna_quant.space import QuantConfig
+
+    model = build_cnn()
+    calibration = calibration_data(model)
+    objective = QuantizationObjective(model, calibration, fp32_agreement(model), benchmark=BENCHMARK, fp32_accuracy=1.0)
+    measured = Setup(objective, calibration, {}, 1.0)
+    errors = scope_errors(measured)
+    assert len(errors) == 5 * 2 * 2 and all(e["error"] > 0 for e in errors)
+    assert len({round(e["error"], 12) for e in errors}) > 10  # the scopes change the int8 model
+    asymmetric = {"range_estimator": "percentile_99.9", "granularity": "per_tensor", "mode": "asymmetric"}
+    measured_layers = layer_sensitivity(measured, asymmetric)
+    direct = measure_sensitivity(
+        model, objective.quantizer, to_feeds(calibration, model), objective.space.nodes,
+        base_config=QuantConfig(range_estimator="percentile_99.9", per_channel=False, symmetric=False), profile_runs=5,
+    )
+    assert set(measured_layers) == {"layer:" + n for n in objective.space.nodes}
+    assert {n: measured_layers["layer:" + n]["error_alone"] for n in direct} == {n: direct[n].error_alone for n in direct}
