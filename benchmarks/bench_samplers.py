@@ -306,16 +306,17 @@ def share_scores(sens: Mapping[str, LayerSensitivity]) -> dict[str, dict[str, fl
     ``p = 0.5 + 0.4 (t - a)`` as in ``choice_scores``, but ``a`` is the layer's share of the
     summed accuracy cost and ``t`` its share of the summed positive time saving, instead of each
     over the largest: layers that cost and save alike all score 0.5, where ``choice_scores``
-    gives every layer the largest layer's verdict.
+    gives every layer the largest layer's verdict. ``choice_scores`` computes it, given one more
+    layer that costs and saves the sums (and is dropped from its answer).
     """
-    total_cost = sum(max(s.acc_cost, 0.0) for s in sens.values())
-    total_saved = sum(max(s.time_saved_ms, 0.0) for s in sens.values())
-    scores = {}
-    for node, s in sens.items():
-        a = max(s.acc_cost, 0.0) / total_cost if total_cost > 0 else 0.0
-        t = max(s.time_saved_ms, 0.0) / total_saved if total_saved > 0 else 0.0
-        p = round(min(max(0.5 + 0.4 * (t - a), SCORE_RANGE[0]), SCORE_RANGE[1]), 4)
-        scores[LAYER_PREFIX + node] = {"int8": p, "fp32": round(1.0 - p, 4)}
+    total = LayerSensitivity(
+        error_alone=sum(max(s.acc_cost, 0.0) for s in sens.values()),
+        error_recovered=0.0,
+        fp32_ms=sum(max(s.time_saved_ms, 0.0) for s in sens.values()),
+        int8_ms=0.0,
+    )
+    scores = choice_scores({**sens, "": total})
+    del scores[LAYER_PREFIX]
     return scores
 
 
