@@ -17,11 +17,12 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
-``--prior`` hands optuna-quant's samplers (``set_prior``) per-layer, per-choice scores from the
-table's per-layer sensitivity (:func:`sensitivity_prior`, ``optuna_quant.sensitivity``'s
-``choice_scores``); they report as ``<name>+prior``. ``--prior standin`` takes the scores from the
-stand-in read from the table's rows instead (:func:`standin_prior`), reported as
-``<name>+prior-standin``.
+``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores from the table's
+measured sensitivity (:data:`PRIORS`); they report as ``<name>+prior``, or ``<name>+prior-<kind>``
+for ``--prior <kind>``: ``sensitivity`` (the default) is ``optuna_quant.sensitivity``'s
+``choice_scores`` of the layers (:func:`sensitivity_prior`), ``standin`` the earlier stand-in
+read from the table's rows (:func:`standin_prior`), and ``shares``, ``targets`` and ``base`` are
+prototypes of other mappings (:func:`share_prior`, :func:`target_prior`, :func:`base_prior`).
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
