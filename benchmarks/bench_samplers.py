@@ -195,8 +195,9 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
             "with: .venv/bin/python -m benchmarks.build_tables --layer-standin"
         )
     reference = table.lookup(table.reference)["acc_loss"]
+    target = table.target.accuracy_loss / 100.0
     return {
-        name: revert_scores((reference - row["acc_loss"]) / (table.target.accuracy_loss / 100.0), revert_cost(table, name))
+        name: revert_scores((reference - row["acc_loss"]) / target, revert_cost(table, name))
         for name, row in table.layer_sensitivity_standin.items()
     }
 
@@ -270,7 +271,8 @@ def base_prior(table: Table) -> dict[str, dict[str, float]]:
     errors = {table.key({**table.reference, **entry["params"]}): entry["error"] for entry in table.scope_errors}
     ratio = errors[table.key({**table.reference, **scopes})] / errors[table.key(table.reference)]
     acc_loss = table.lookup(table.reference)["acc_loss"] * ratio
-    return {**scope_scores(table), **layer_revert_scores(table, by_node(table.base_sensitivity["layers"]), acc_loss, scopes)}
+    layers = layer_revert_scores(table, by_node(table.base_sensitivity["layers"]), acc_loss, scopes)
+    return {**scope_scores(table), **layers}
 
 
 def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
@@ -334,7 +336,7 @@ PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
     "base": base_prior,
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
-PRIOR_SUFFIX = {"sensitivity": "+prior", "shares": "+prior-shares", "standin": "+prior-standin", "targets": "+prior-targets", "base": "+prior-base"}
+PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
 
 
 def run_optuna(
@@ -612,8 +614,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="?",
         const="sensitivity",
         choices=sorted(PRIORS),
-        help="give the samplers (those with set_prior) a per-layer prior from each table: its measured "
-        "sensitivity (the default; names get '+prior') or the stand-in read from its rows ('+prior-standin')",
+        help="give the samplers (those with set_prior) a prior from each table's measurements: "
+        "'sensitivity' (the default: choice_scores of the layers; names get '+prior'), the others "
+        "(names get '+prior-KIND') as the module's docstring says",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")

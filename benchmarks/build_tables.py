@@ -9,7 +9,7 @@ root, after training the models::
     .venv/bin/python -m benchmarks.build_tables --tables widecnn
     .venv/bin/python -m benchmarks.build_tables --tables widecnn --retarget   # targets only
     .venv/bin/python -m benchmarks.build_tables --layer-standin   # per-layer stand-in scores only
-    .venv/bin/python -m benchmarks.build_tables --sensitivity-only   # per-layer sensitivity only
+    .venv/bin/python -m benchmarks.build_tables --sensitivity-only   # the sensitivity only
 
 To keep a table affordable, latency is measured once per latency-relevant configuration (the
 fallback set, granularity and mode: the range estimator only moves scales, not kernels) with
@@ -17,9 +17,11 @@ fallback set, granularity and mode: the range estimator only moves scales, not k
 evaluation only. Calibration runs once per method and is reused (the objective's quantizer).
 The targets are chosen per table after measuring, so that the default configuration misses the
 accuracy target and only a few percent of the space meets both. Every table also carries the
-per-layer sensitivity of its model (:func:`optuna_quant.sensitivity.measure_sensitivity` at the
-default configuration, with the objective's quantizer and calibration feeds), which
-``--sensitivity-only`` adds to an existing table without measuring its rows again.
+sensitivity of its model (:func:`with_sensitivity`: per layer by
+:func:`optuna_quant.sensitivity.measure_sensitivity` at the default configuration, the all-int8
+output error of every combination of the other parameters, and per layer again at the
+combination with the lowest error), measured with the objective's quantizer and calibration
+feeds, which ``--sensitivity-only`` adds to an existing table without measuring its rows again.
 """
 
 from __future__ import annotations
@@ -306,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sensitivity-only",
         action="store_true",
-        help="only measure the per-layer sensitivity of the models and add it to existing tables",
+        help="only measure the sensitivity of the models (with_sensitivity) and add it to existing tables",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the sensitivity's summary line

@@ -336,7 +336,7 @@ def test_prior_option_names_the_source(tmp_path: Path) -> None:
         assert list(report["tables"]["dwsep"]["samplers"]) == [name]
     # A table without the measurement fails before any study runs.
     with pytest.raises(ValueError, match="'synthetic_interactions' has no per-layer sensitivity"):
-        main(["--samplers", "oq-gp", "--prior", "--tables", "synthetic_interactions", "--out", str(tmp_path / "x.json")])
+        main(["--samplers", "oq-gp", "--prior", "--tables", "synthetic_interactions", "--out", str(tmp_path / "x")])
 
 
 @pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
@@ -383,7 +383,10 @@ def test_base_prior_scores_the_scopes_and_the_layers_where_quantizing_loses_leas
     table = dataclasses.replace(
         layered,
         scope_errors=[{"params": {"est": "minmax"}, "error": 0.02}, {"params": {"est": "entropy"}, "error": 0.004}],
-        base_sensitivity={"params": {"est": "entropy"}, "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()}},
+        base_sensitivity={
+            "params": {"est": "entropy"},
+            "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()},
+        },
     )
     assert scope_scores(table) == {"est": {"minmax": pytest.approx(0.2), "entropy": 0.9}}
     prior = base_prior(table)
@@ -428,4 +431,6 @@ def test_scope_errors_and_layer_sensitivity_measure_the_tables_objective(tmp_pat
         base_config=QuantConfig(range_estimator="percentile_99.9", per_channel=False, symmetric=False), profile_runs=5,
     )
     assert set(measured_layers) == {"layer:" + n for n in objective.space.nodes}
-    assert {n: measured_layers["layer:" + n]["error_alone"] for n in direct} == {n: direct[n].error_alone for n in direct}
+    assert {n: measured_layers["layer:" + n]["error_alone"] for n in direct} == {
+        n: s.error_alone for n, s in direct.items()
+    }
