@@ -17,8 +17,12 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
-``--prior`` hands optuna-quant's samplers (``set_prior``) per-layer, per-choice scores read from
-the table's per-layer measurements (:func:`layer_prior`); they report as ``<name>+prior``.
+``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores from the table's
+measured sensitivity (:data:`PRIORS`); they report as ``<name>+prior``, or ``<name>+prior-<kind>``
+for ``--prior <kind>``: ``sensitivity`` (the default) is ``optuna_quant.sensitivity``'s
+``choice_scores`` of the layers (:func:`sensitivity_prior`), ``standin`` the earlier stand-in
+read from the table's rows (:func:`standin_prior`), and ``shares``, ``targets`` and ``base`` are
+prototypes of other mappings (:func:`share_prior`, :func:`target_prior`, :func:`base_prior`).
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -46,7 +50,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Iterator, Sequence  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping, Sequence  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -64,6 +68,8 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
+from optuna_quant.sensitivity import SCORE_RANGE, LayerSensitivity, choice_scores  # noqa: E402
+from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHECKPOINTS = (25, 50, 100)
@@ -153,31 +159,184 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
-def layer_prior(table: Table) -> dict[str, dict[str, float]]:
-    """Per-layer scores of ``fp32`` and ``int8`` from the table's per-layer measurements.
+def revert_scores(gain: float, cost: float) -> dict[str, float]:
+    """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
 
-    For each layer, the measurement of the default configuration with that layer alone in fp32
-    gives what reverting it buys in accuracy (``gain``: acc_loss saved, in units of the accuracy
-    target) and costs in speed (``cost``: the share of the default's ``lat_diff`` lost). The
-    score of fp32 is ``sigmoid(4 * (gain - cost))``, kept within [0.05, 0.95]: reverting a layer
-    is likely good when it buys more accuracy than it costs speed; int8 scores the rest.
+    ``gain``: the accuracy loss it saves, in units of the accuracy target; ``cost``: the share of
+    the default's ``lat_diff`` it loses. fp32 scores ``sigmoid(4 * (gain - cost))`` within
+    [0.05, 0.95]: reverting a layer is likely good when it buys more accuracy than it costs
+    speed; int8 scores the rest.
+    """
+    fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
+    return {"fp32": fp32, "int8": 1.0 - fp32}
+
+
+def revert_cost(table: Table, name: str, scopes: Mapping[str, Any] | None = None) -> float:
+    """The share of ``lat_diff`` lost by reverting layer parameter ``name`` alone from the
+    all-int8 configuration with the other parameters at ``scopes`` (default: the default
+    configuration), measured end to end (the table's rows of both configurations)."""
+    base = {**table.reference, **(scopes or {})}
+    all_int8 = table.lookup(base)["lat_diff"]
+    return (all_int8 - table.lookup({**base, name: "fp32"})["lat_diff"]) / all_int8
+
+
+def standin_prior(table: Table) -> dict[str, dict[str, float]]:
+    """:func:`revert_scores` of each layer from the table's stand-in per-layer measurements.
+
+    The measurement of the default configuration with that layer alone in fp32 gives both what
+    reverting it buys in accuracy and what it costs in speed.
 
     Raises:
-        ValueError: If the table has no per-layer measurements.
+        ValueError: If the table has no stand-in measurements.
     """
     if table.layer_sensitivity_standin is None:
         raise ValueError(
             f"Table {table.name!r} has no per-layer measurements (layer_sensitivity_standin); add them "
             "with: .venv/bin/python -m benchmarks.build_tables --layer-standin"
         )
-    reference = table.lookup(table.reference)
-    prior = {}
-    for name, row in table.layer_sensitivity_standin.items():
-        gain = (reference["acc_loss"] - row["acc_loss"]) / (table.target.accuracy_loss / 100.0)
-        cost = (reference["lat_diff"] - row["lat_diff"]) / reference["lat_diff"]
-        fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
-        prior[name] = {"fp32": fp32, "int8": 1.0 - fp32}
-    return prior
+    reference = table.lookup(table.reference)["acc_loss"]
+    target = table.target.accuracy_loss / 100.0
+    return {
+        name: revert_scores((reference - row["acc_loss"]) / target, revert_cost(table, name))
+        for name, row in table.layer_sensitivity_standin.items()
+    }
+
+
+def layer_revert_scores(
+    table: Table, sens: Mapping[str, LayerSensitivity], acc_loss: float, scopes: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, float]]:
+    """:func:`revert_scores` of each layer, the accuracy gain predicted by its sensitivity.
+
+    ``acc_loss`` (the all-int8 configuration's, with the other parameters at ``scopes``) is
+    shared out over the layers as their output error is: reverting a layer saves
+    ``acc_loss * error_recovered / sum(error_alone)`` (the summed ``error_alone`` standing for
+    the all-int8 error, as the errors add up), in units of the accuracy target. The speed it
+    costs is measured end to end (:func:`revert_cost`): the profiled node times of
+    ``optuna_quant.sensitivity`` leave out the quantize, dequantize and layout nodes that a
+    revert adds, which is most of what it costs on these models.
+    """
+    total = sum(max(s.error_alone, 0.0) for s in sens.values())
+    target = table.target.accuracy_loss / 100.0
+    return {
+        LAYER_PREFIX + node: revert_scores(
+            acc_loss * s.error_recovered / total / target if total > 0 else 0.0,
+            revert_cost(table, LAYER_PREFIX + node, scopes),
+        )
+        for node, s in sens.items()
+    }
+
+
+def target_prior(table: Table) -> dict[str, dict[str, float]]:
+    """A prototype: :func:`layer_revert_scores` at the default configuration, from its measured ``acc_loss``."""
+    return layer_revert_scores(table, table_sensitivity(table), table.lookup(table.reference)["acc_loss"])
+
+
+def scope_scores(table: Table) -> dict[str, dict[str, float]]:
+    """Scores of the choices of the other parameters from the all-int8 output errors (``scope_errors``).
+
+    A choice scores the lowest error of any combination with it relative to the lowest of all
+    (``lowest / its``), within ``SCORE_RANGE``: the choices that quantize with the least error
+    lead, one ten times worse is unlikely.
+    """
+    best: dict[str, dict[Any, float]] = {}
+    for entry in table.scope_errors or ():
+        for name, choice in entry["params"].items():
+            by_choice = best.setdefault(name, {})
+            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
+    lowest = min(entry["error"] for entry in table.scope_errors or ())
+    low, high = SCORE_RANGE
+    return {
+        name: {choice: float(np.clip(lowest / error, low, high)) for choice, error in by_choice.items()}
+        for name, by_choice in best.items()
+    }
+
+
+def base_prior(table: Table) -> dict[str, dict[str, float]]:
+    """A prototype: the sensitivity measured where quantizing loses the least, not at the default.
+
+    The other parameters score by :func:`scope_scores`; the layers by :func:`layer_revert_scores`
+    of the sensitivity measured at the combination of the other parameters with the lowest
+    all-int8 output error (``base_sensitivity``), whose ``acc_loss`` is predicted from the
+    default's, scaled by the ratio of the two output errors.
+
+    Raises:
+        ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
+    """
+    if table.scope_errors is None or table.base_sensitivity is None:
+        raise ValueError(
+            f"Table {table.name!r} has no scope_errors or base_sensitivity; add them with: "
+            f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
+        )
+    scopes = table.base_sensitivity["params"]
+    errors = {table.key({**table.reference, **entry["params"]}): entry["error"] for entry in table.scope_errors}
+    ratio = errors[table.key({**table.reference, **scopes})] / errors[table.key(table.reference)]
+    acc_loss = table.lookup(table.reference)["acc_loss"] * ratio
+    layers = layer_revert_scores(table, by_node(table.base_sensitivity["layers"]), acc_loss, scopes)
+    return {**scope_scores(table), **layers}
+
+
+def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
+    """The table's per-layer sensitivity by node name, as ``optuna_quant.sensitivity`` returns it.
+
+    Raises:
+        ValueError: If the table has no per-layer sensitivity.
+    """
+    if table.layer_sensitivity is None:
+        raise ValueError(
+            f"Table {table.name!r} has no per-layer sensitivity (layer_sensitivity); add it with: "
+            f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
+        )
+    return by_node(table.layer_sensitivity)
+
+
+def by_node(layers: Mapping[str, Mapping[str, float]]) -> dict[str, LayerSensitivity]:
+    """Per-layer measurements keyed by layer parameter (``layer:<node>``) as ``LayerSensitivity`` by node."""
+    return {name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured) for name, measured in layers.items()}
+
+
+def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
+    """``optuna_quant.sensitivity.choice_scores`` of the table's per-layer sensitivity.
+
+    The table keys its measurement by its layer parameters (``layer:<node>``), the names that
+    ``choice_scores`` gives its scores.
+    """
+    return choice_scores(table_sensitivity(table))
+
+
+def share_scores(sens: Mapping[str, LayerSensitivity]) -> dict[str, dict[str, float]]:
+    """A prototype of ``choice_scores`` that has no opinion on layers that are alike.
+
+    ``p = 0.5 + 0.4 (t - a)`` as in ``choice_scores``, but ``a`` is the layer's share of the
+    summed accuracy cost and ``t`` its share of the summed positive time saving, instead of each
+    over the largest: layers that cost and save alike all score 0.5, where ``choice_scores``
+    gives every layer the largest layer's verdict. ``choice_scores`` computes it, given one more
+    layer that costs and saves the sums (and is dropped from its answer).
+    """
+    total = LayerSensitivity(
+        error_alone=sum(max(s.acc_cost, 0.0) for s in sens.values()),
+        error_recovered=0.0,
+        fp32_ms=sum(max(s.time_saved_ms, 0.0) for s in sens.values()),
+        int8_ms=0.0,
+    )
+    scores = choice_scores({**sens, "": total})
+    del scores[LAYER_PREFIX]
+    return scores
+
+
+def share_prior(table: Table) -> dict[str, dict[str, float]]:
+    """:func:`share_scores` of the table's per-layer sensitivity."""
+    return share_scores(table_sensitivity(table))
+
+
+PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
+    "sensitivity": sensitivity_prior,
+    "shares": share_prior,
+    "standin": standin_prior,
+    "targets": target_prior,
+    "base": base_prior,
+}
+"""The priors ``--prior`` can give, by name; the first is the default."""
+PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
 
 
 def run_optuna(
@@ -187,10 +346,10 @@ def run_optuna(
     budget: int,
     constraints: bool,
     stop_at_target: bool = False,
-    prior: bool = False,
+    prior: str | None = None,
 ) -> Trace:
     """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target);
-    with ``prior``, the sampler gets :func:`layer_prior` through its ``set_prior``."""
+    with ``prior`` (a key of :data:`PRIORS`), the sampler gets that prior through its ``set_prior``."""
     replay = Replay(table)
     target = table.target
 
@@ -208,8 +367,8 @@ def run_optuna(
         return loss
 
     sampler = factory(seed)
-    if prior:
-        sampler.set_prior(layer_prior(table))
+    if prior is not None:
+        sampler.set_prior(PRIORS[prior](table))
     start = time.perf_counter()
     study = optuna.create_study(sampler=sampler)
     study.optimize(objective, n_trials=budget)
@@ -265,7 +424,7 @@ class Task:
     budget: int
     constraints: bool
     stop_at_target: bool = False
-    prior: bool = False
+    prior: str | None = None
 
 
 @lru_cache(maxsize=None)
@@ -452,8 +611,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--prior",
-        action="store_true",
-        help="give the samplers (those with set_prior) the per-layer prior of each table; names get '+prior'",
+        nargs="?",
+        const="sensitivity",
+        choices=sorted(PRIORS),
+        help="give the samplers (those with set_prior) a prior from each table's measurements: "
+        "'sensitivity' (the default: choice_scores of the layers; names get '+prior'), the others "
+        "(names get '+prior-KIND') as the module's docstring says",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
@@ -502,10 +665,12 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         )
         if without:
             raise SystemExit(f"--prior needs samplers with set_prior; these have none: {without}.")
-        samplers = {f"{name}+prior": spec for name, spec in samplers.items()}
+        samplers = {name + PRIOR_SUFFIX[args.prior]: spec for name, spec in samplers.items()}
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     paths = table_paths(args.tables)
+    for path in paths if args.prior else ():
+        PRIORS[args.prior](load_table(str(path)))  # a table without the measurement fails before any study
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [
         Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target, args.prior)

@@ -14,11 +14,21 @@ sampler authors, so keep to it::
 ``rows`` covers every configuration of the space. Optionally, per-layer measurements that a
 sampler may take as a prior::
 
-     "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}}
+     "layer_sensitivity": {layer_param: {"error_alone": float, "error_recovered": float,
+                                         "fp32_ms": float, "int8_ms": float}},
+     "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}},
+     "scope_errors": [{"params": {scope_param: choice}, "error": float}, ...],
+     "base_sensitivity": {"params": {scope_param: choice}, "layers": {layer_param: {...}}}
 
-the row of the configuration that differs from the default one in that layer alone (fp32):
-a stand-in, measured on the table's own model, for the per-layer sensitivity of
-``optuna_quant.sensitivity``, until tables carry that.
+``layer_sensitivity`` is ``optuna_quant.sensitivity.measure_sensitivity`` run on the table's
+model, calibration data and quantizer at the default configuration
+(``LayerSensitivity.to_dict()`` per layer). ``layer_sensitivity_standin`` is the row of the
+configuration that differs from the default one in that layer alone (fp32), read from the
+table's rows: the stand-in used before tables carried the real measurement. ``scope_errors``
+holds, for every combination of the other parameters (range estimator, granularity, mode) with
+every layer int8, the output error against fp32 on the calibration samples (the noise-to-signal
+ratio of ``optuna_quant.sensitivity.output_error``); ``base_sensitivity`` is the per-layer
+sensitivity measured at the combination with the lowest of these errors.
 
 Example:
     >>> table = Table.from_rows(
@@ -32,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 import itertools
@@ -60,6 +71,12 @@ class Table:
         rows: One dict per configuration with ``params``, ``accuracy``, ``acc_loss``, ``lat_diff``.
         layer_sensitivity_standin: Per layer parameter, ``acc_loss`` and ``lat_diff`` of the
             default configuration with that layer alone in fp32; ``None`` when not measured.
+        layer_sensitivity: Per layer parameter, ``optuna_quant.sensitivity``'s
+            ``LayerSensitivity.to_dict()`` measured on the table's model; ``None`` when not
+            measured.
+        scope_errors: The all-int8 output error of every combination of the other parameters.
+        base_sensitivity: The per-layer sensitivity at the combination of the other parameters
+            with the lowest output error (``params``), by layer parameter (``layers``).
     """
 
     name: str
@@ -69,6 +86,9 @@ class Table:
     fp32: dict[str, float]
     rows: list[dict[str, Any]]
     layer_sensitivity_standin: dict[str, dict[str, float]] | None = None
+    layer_sensitivity: dict[str, dict[str, float]] | None = None
+    scope_errors: list[dict[str, Any]] | None = None
+    base_sensitivity: dict[str, Any] | None = None
     _index: dict[Key, dict[str, Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +100,17 @@ class Table:
                 f"it has {len(self.rows)} rows for {len(index)} distinct configurations."
             )
         object.__setattr__(self, "_index", index)
+        named = {
+            "layer_sensitivity": set(self.layer_sensitivity or ()),
+            "scope_errors": {name for entry in self.scope_errors or () for name in entry["params"]},
+            "base_sensitivity": set(self.base_sensitivity["params"]) | set(self.base_sensitivity["layers"])
+            if self.base_sensitivity
+            else set(),
+        }
+        for key, names in named.items():
+            unknown = sorted(names - set(self.params))
+            if unknown:
+                raise ValueError(f"Table {self.name!r}: {key} names {unknown}, which are not parameters of the table.")
 
     @classmethod
     def from_rows(cls, **fields: Any) -> Table:
@@ -102,8 +133,9 @@ class Table:
             "targets": self.targets,
             "fp32": self.fp32,
         }
-        if self.layer_sensitivity_standin is not None:
-            head["layer_sensitivity_standin"] = self.layer_sensitivity_standin
+        for key in ("layer_sensitivity_standin", "layer_sensitivity", "scope_errors", "base_sensitivity"):
+            if getattr(self, key) is not None:
+                head[key] = getattr(self, key)
         body = json.dumps(head, indent=1)[:-2]
         rows = ",\n".join(json.dumps(row, separators=(",", ":")) for row in self.rows)
         Path(path).write_text(f'{body},\n "rows": [\n{rows}\n ]\n}}\n')
@@ -166,7 +198,7 @@ class Table:
             if name.startswith("layer:") and "fp32" in self.params[name]:
                 row = self.lookup({**self.reference, name: "fp32"})
                 standin[name] = {"acc_loss": row["acc_loss"], "lat_diff": row["lat_diff"]}
-        return Table(self.name, self.description, self.params, self.targets, self.fp32, self.rows, standin)
+        return dataclasses.replace(self, layer_sensitivity_standin=standin)
 
     @cached_property
     def feasible_fraction(self) -> float:

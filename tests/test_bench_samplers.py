@@ -23,17 +23,23 @@ from benchmarks.bench_samplers import (  # noqa: E402
     best_feasible_lat_diff,
     checkpoints,
     count_duplicates,
-    layer_prior,
     main,
     run_optuna,
     median_missing_worst,
     run_task,
+    sensitivity_prior,
+    share_prior,
     smallest_choice_count,
+    standin_prior,
+    base_prior,
+    scope_scores,
     summarise,
+    target_prior,
     trials_to_target,
 )
 from benchmarks.synthetic import synthetic_table  # noqa: E402
 from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
+from optuna_quant.sensitivity import LayerSensitivity, choice_scores  # noqa: E402
 
 # acc_loss, lat_diff of each configuration of a 2 x 3 space; targets 1 % and 1.5.
 TINY_RESULTS = {
@@ -255,9 +261,9 @@ def layered() -> Table:
     )
 
 
-def test_layer_prior_from_the_single_layer_rows(layered: Table, tmp_path: Path) -> None:
+def test_standin_prior_from_the_single_layer_rows(layered: Table, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="'layered' has no per-layer measurements.*--layer-standin"):
-        layer_prior(layered)
+        standin_prior(layered)
     table = layered.with_layer_standin()
     # Each layer alone in fp32, the rest as in the default configuration.
     assert table.layer_sensitivity_standin == {
@@ -266,7 +272,7 @@ def test_layer_prior_from_the_single_layer_rows(layered: Table, tmp_path: Path) 
     }
     table.save(tmp_path / "layered.json")
     assert Table.load(tmp_path / "layered.json").layer_sensitivity_standin == table.layer_sensitivity_standin
-    prior = layer_prior(table)
+    prior = standin_prior(table)
     assert set(prior) == {"layer:l0", "layer:l1"}  # the range estimator gets no opinion
     # l0: gain 1.5 target units, cost 5 % of the speed-up; l1: no gain, 40 % of the speed-up.
     assert prior["layer:l0"]["fp32"] == 0.95 and prior["layer:l1"]["fp32"] == pytest.approx(0.168, abs=1e-3)
@@ -277,12 +283,154 @@ def test_prior_run_feeds_the_samplers(layered: Table, tmp_path: Path) -> None:
     path = tmp_path / "layered.json"
     layered.with_layer_standin().save(path)
     task = Task("oq-gp", "optuna_quant.samplers:DiscreteGPSampler", str(path), seed=0, budget=8, constraints=True)
-    firsts = [run_task(dataclasses.replace(task, seed=seed, budget=1, prior=True)).keys[0] for seed in range(20)]
+    firsts = [run_task(dataclasses.replace(task, seed=seed, budget=1, prior="standin")).keys[0] for seed in range(20)]
     # Drawn from the prior, first trials revert l0 (score 0.95) and keep l1 in int8 (0.83); keys
     # are (est, layer:l0, layer:l1), and the range estimator, without a prior, is drawn uniformly.
     assert sum(key[1] == "fp32" for key in firsts) >= 17 and sum(key[2] == "int8" for key in firsts) >= 13
     assert 5 <= sum(key[0] == "minmax" for key in firsts) <= 15
-    whole = run_task(dataclasses.replace(task, prior=True))
+    whole = run_task(dataclasses.replace(task, prior="standin"))
     assert len(set(whole.keys)) == 8  # and never a repeat
     with pytest.raises(SystemExit, match=r"set_prior; these have none: \['optuna-tpe'\]"):
         main(["--samplers", "optuna-tpe", "oq-gp", "--prior", "--tables", "dwsep", "--out", str(tmp_path / "x.json")])
+
+
+# l0 costs the most output error and int8 makes it slower; l1 costs little and saves the most time.
+LAYERED_SENSITIVITY = {
+    "layer:l0": LayerSensitivity(error_alone=0.2, error_recovered=0.15, fp32_ms=0.1, int8_ms=0.2),
+    "layer:l1": LayerSensitivity(error_alone=0.01, error_recovered=0.0, fp32_ms=1.0, int8_ms=0.2),
+}
+
+
+def test_sensitivity_prior_maps_the_measurement_to_the_table_parameters(layered: Table, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'layered' has no per-layer sensitivity.*--sensitivity-only --tables layered"):
+        sensitivity_prior(layered)
+    with pytest.raises(ValueError, match=r"names \['layer:l9'\], which are not parameters"):
+        dataclasses.replace(layered, layer_sensitivity={"layer:l9": LAYERED_SENSITIVITY["layer:l0"].to_dict()})
+    table = dataclasses.replace(
+        layered, layer_sensitivity={name: s.to_dict() for name, s in LAYERED_SENSITIVITY.items()}
+    )
+    table.save(tmp_path / "layered.json")
+    table = Table.load(tmp_path / "layered.json")
+    assert table.layer_sensitivity == {name: s.to_dict() for name, s in LAYERED_SENSITIVITY.items()}
+    prior = sensitivity_prior(table)
+    # choice_scores of the measurement by node name gives the table's own parameter names back.
+    assert prior == choice_scores({"l0": LAYERED_SENSITIVITY["layer:l0"], "l1": LAYERED_SENSITIVITY["layer:l1"]})
+    assert prior["layer:l0"]["int8"] == 0.1 and prior["layer:l1"]["int8"] == pytest.approx(0.88)
+    # Shares: l0 holds 0.2 / 0.21 of the error and none of the saving, l1 the rest.
+    shares = share_prior(table)
+    assert shares["layer:l0"]["int8"] == pytest.approx(0.5 - 0.4 * 0.2 / 0.21, abs=1e-4)
+    assert shares["layer:l1"]["int8"] == pytest.approx(0.5 + 0.4 * (1 - 0.01 / 0.21), abs=1e-4)
+    # Targets: reverting l0 saves 0.02 * 0.15 / 0.21 of acc_loss (1.43 targets) and costs 5 % of
+    # lat_diff end to end (its row); l1 saves nothing and costs 40 %.
+    targets = target_prior(table)
+    assert targets["layer:l0"]["fp32"] == 0.95
+    assert targets["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)))
+
+
+def test_prior_option_names_the_source(tmp_path: Path) -> None:
+    for option, name in ((["--prior"], "oq-tpe+prior"), (["--prior", "standin"], "oq-tpe+prior-standin")):
+        report = main(
+            ["--samplers", "oq-tpe", "--tables", "dwsep", "--seeds", "1", "--budget", "3", *option,
+             "--out", str(tmp_path / "r.json"), "--plots-dir", str(tmp_path)]
+        )
+        assert list(report["tables"]["dwsep"]["samplers"]) == [name]
+    # A table without the measurement fails before any study runs.
+    with pytest.raises(ValueError, match="'synthetic_interactions' has no per-layer sensitivity"):
+        main(["--samplers", "oq-gp", "--prior", "--tables", "synthetic_interactions", "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
+def test_committed_model_tables_carry_the_sensitivity_of_every_layer(name: str) -> None:
+    table = Table.load(TABLES_DIR / f"{name}.json")
+    assert set(table.layer_sensitivity) == {p for p in table.names if p.startswith("layer:")}
+    for measured in table.layer_sensitivity.values():
+        sens = LayerSensitivity.from_dict(measured)
+        # Every layer has its own int8 kernel time: none is charged to a layer whose name prefixes its own.
+        assert sens.int8_ms > 0 and sens.fp32_ms > 0 and sens.error_alone > 0
+    assert set(sensitivity_prior(table)) == set(table.layer_sensitivity)
+
+
+def test_layers_named_as_prefixes_of_each_other_get_their_own_time() -> None:
+    """The exporter's names (``node_conv``, ``node_conv_1``) prefix one another: the fused int8
+    ``node_conv_1_token_<n>`` goes to ``node_conv`` unless the longest names are tried first."""
+    from benchmarks.build_tables import longest_layer_names_first
+    from examples.tiny_cnn import build_cnn, calibration_data
+    from optuna_quant import sensitivity
+    from optuna_quant.model_io import to_feeds
+    from optuna_quant.quantize import Quantizer
+
+    model = build_cnn(channels=(32, 32), image_size=28)
+    for node, new in zip(model.graph.node, ("node_conv", "relu1", "node_conv_1")):
+        node.name = new
+    feeds = to_feeds(calibration_data(model), model)
+    quantizer = Quantizer(model, feeds)
+
+    def measure() -> dict[str, LayerSensitivity]:
+        return sensitivity.measure_sensitivity(model, quantizer, feeds, ["node_conv", "node_conv_1"], profile_runs=5)
+
+    assert measure()["node_conv_1"].int8_ms == 0.0  # the fault in sensitivity.layer_of
+    with longest_layer_names_first():
+        fixed = measure()
+    assert fixed["node_conv_1"].int8_ms > 0.0
+    assert sensitivity.layer_of.__name__ == "layer_of" and sensitivity.layer_of.__module__ == sensitivity.__name__
+
+
+def test_base_prior_scores_the_scopes_and_the_layers_where_quantizing_loses_least(layered: Table) -> None:
+    with pytest.raises(ValueError, match="'layered' has no scope_errors or base_sensitivity.*--sensitivity-only"):
+        base_prior(layered)
+    with pytest.raises(ValueError, match=r"scope_errors names \['mode'\]"):
+        dataclasses.replace(layered, scope_errors=[{"params": {"mode": "symmetric"}, "error": 0.1}])
+    table = dataclasses.replace(
+        layered,
+        scope_errors=[{"params": {"est": "minmax"}, "error": 0.02}, {"params": {"est": "entropy"}, "error": 0.004}],
+        base_sensitivity={
+            "params": {"est": "entropy"},
+            "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()},
+        },
+    )
+    assert scope_scores(table) == {"est": {"minmax": pytest.approx(0.2), "entropy": 0.9}}
+    prior = base_prior(table)
+    assert prior["est"] == scope_scores(table)["est"]
+    # At entropy the default's acc_loss 0.02 is predicted 5 times lower: reverting l0 saves
+    # 0.004 * 0.15 / 0.21 (0.29 targets) and costs 5 % of lat_diff; l1 saves nothing, costs 40 %.
+    assert prior["layer:l0"]["fp32"] == pytest.approx(1 / (1 + np.exp(-4 * (0.004 * 0.15 / 0.21 / 0.01 - 0.05))))
+    assert prior["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)))
+
+
+@pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
+def test_committed_model_tables_carry_the_error_of_every_scope_combination(name: str) -> None:
+    table = Table.load(TABLES_DIR / f"{name}.json")
+    scopes = {p: c for p, c in table.params.items() if not p.startswith("layer:")}
+    assert sorted(table.key({**table.reference, **e["params"]}) for e in table.scope_errors) == sorted(
+        table.key({**table.reference, **c}) for c in configurations(scopes)
+    )
+    best = min(table.scope_errors, key=lambda e: e["error"])
+    assert table.base_sensitivity["params"] == best["params"]
+    assert set(table.base_sensitivity["layers"]) == set(table.layer_sensitivity)
+
+
+def test_scope_errors_and_layer_sensitivity_measure_the_tables_objective(tmp_path: Path) -> None:
+    from benchmarks.build_tables import BENCHMARK, Setup, layer_sensitivity, scope_errors
+    from examples.tiny_cnn import build_cnn, calibration_data, fp32_agreement
+    from optuna_quant.model_io import to_feeds
+    from optuna_quant.objective import QuantizationObjective
+    from optuna_quant.sensitivity import measure_sensitivity
+    from optuna_quant.space import QuantConfig
+
+    model = build_cnn()
+    calibration = calibration_data(model)
+    objective = QuantizationObjective(model, calibration, fp32_agreement(model), benchmark=BENCHMARK, fp32_accuracy=1.0)
+    measured = Setup(objective, calibration, {}, 1.0)
+    errors = scope_errors(measured)
+    assert len(errors) == 5 * 2 * 2 and all(e["error"] > 0 for e in errors)
+    assert len({round(e["error"], 12) for e in errors}) > 10  # the scopes change the int8 model
+    asymmetric = {"range_estimator": "percentile_99.9", "granularity": "per_tensor", "mode": "asymmetric"}
+    measured_layers = layer_sensitivity(measured, asymmetric)
+    direct = measure_sensitivity(
+        model, objective.quantizer, to_feeds(calibration, model), objective.space.nodes,
+        base_config=QuantConfig(range_estimator="percentile_99.9", per_channel=False, symmetric=False), profile_runs=5,
+    )
+    assert set(measured_layers) == {"layer:" + n for n in objective.space.nodes}
+    assert {n: measured_layers["layer:" + n]["error_alone"] for n in direct} == {
+        n: s.error_alone for n, s in direct.items()
+    }
