@@ -22,6 +22,9 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "mtcnn_rnet": partial(mtcnn, "RNet"),
     "silero_vad": silero_vad,
 }
+# The latency target of each study: about what the best baseline within 1 % reaches, so that
+# "trials to target" asks a tuner to match the best simple recipe.
+LATENCY_TARGETS = {"ddddocr": 1.5, "ppocr": 1.5, "mtcnn_onet": 1.0, "mtcnn_rnet": 1.0, "silero_vad": 1.4}
 
 
 def build(name: str, **sizes: int) -> Workload:
