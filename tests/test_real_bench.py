@@ -116,7 +116,7 @@ def _report() -> dict:
     def study(method: str, seed: int, lat: list[float]) -> dict:
         trials = [_trial(i, 0.0 if v > 0 else 0.5, abs(v), 10.0 * (i + 1)) for i, v in enumerate(lat)]
         return {"method": method, "seed": seed, "trials": trials, "peak_rss_mb": 100.0, "wall_s": 50.0,
-                "setup_s": 1.0, "calibration_s": {"MinMax": 2.0}, "prior_s": None}
+                "calibration_s": {"MinMax": 2.0}, "prior_s": None}
 
     budget = 25
     fast = [1.0] * 5 + [2.0] + [1.0] * 19  # 2.0 found at trial 6
