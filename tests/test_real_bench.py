@@ -96,6 +96,16 @@ def test_baselines_quantize_and_leave_the_workloads_model_usable(name: str) -> N
     assert workload.eval_fn(session(workload.onnx_model())) == result["fp32_accuracy"]
 
 
+@pytest.mark.slow
+@needs("silero_vad", "nncf", tool="espeak-ng")
+def test_nncf_baseline_keeps_the_drop_it_was_given() -> None:
+    workload = build("silero_vad", n_eval=3, n_calibration=2)
+    int8, _ = BASELINES["nncf"](workload)
+    result = measure(workload, int8, FAST)
+    assert result["int8_layers"] + result["fp32_layers"] == 6
+    assert result["acc_loss"] <= 0.01  # NNCF judged the drop with this very eval_fn
+
+
 def test_layer_counts_tell_quantized_from_fp32_layers() -> None:
     from onnx import helper
 
