@@ -22,9 +22,10 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "mtcnn_rnet": partial(mtcnn, "RNet"),
     "silero_vad": silero_vad,
 }
-# The latency target of each study: about what the best baseline within 1 % reaches, so that
-# "trials to target" asks a tuner to match the best simple recipe.
-LATENCY_TARGETS = {"ddddocr": 1.5, "ppocr": 1.5, "mtcnn_onet": 1.0, "mtcnn_rnet": 1.0, "silero_vad": 1.4}
+# The latency target of each study, set from the smoke runs (docs/_real_notes.md): a little above
+# the best baseline within 1 % (ddddocr 1.31, silero_vad 1.39), and "not slower than fp32" where
+# no baseline is faster (ppocr 0.70, the MTCNN networks 0.94).
+LATENCY_TARGETS = {"ddddocr": 1.5, "ppocr": 1.0, "mtcnn_onet": 1.0, "mtcnn_rnet": 1.0, "silero_vad": 1.6}
 
 
 def build(name: str, **sizes: int) -> Workload:
