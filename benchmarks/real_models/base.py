@@ -29,6 +29,7 @@ class Workload:
         score: What ``eval_fn`` measures, in words.
         example_inputs: Example inputs of a torch module (``None`` for an ONNX file).
         info: Facts found while building the workload (the fp32 score against ground truth...).
+        exported: The ONNX model of a torch module, when the builder has already exported it.
     """
 
     name: str
@@ -39,18 +40,18 @@ class Workload:
     score: str
     example_inputs: Any = None
     info: dict[str, Any] = field(default_factory=dict)
-    _onnx: onnx.ModelProto | None = field(default=None, repr=False)
+    exported: onnx.ModelProto | None = field(default=None, repr=False)
 
     def onnx_model(self) -> onnx.ModelProto:
         """The fp32 ONNX model a user starts from: the file, or the module as optuna-quant exports it."""
-        if self._onnx is None:
+        if self.exported is None:
             if isinstance(self.model, Path):
-                self._onnx = onnx.load(str(self.model))
+                self.exported = onnx.load(str(self.model))
             else:
                 from optuna_quant.torch_export import export_module
 
-                self._onnx, _ = export_module(self.model, self.example_inputs)
-        return self._onnx
+                self.exported, _ = export_module(self.model, self.example_inputs)
+        return self.exported
 
     def feeds(self) -> list[Feed]:
         """The calibration samples as ``{input name: array}``, named after the ONNX model's input."""

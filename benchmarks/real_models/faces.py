@@ -141,22 +141,26 @@ def mtcnn(network: str = "ONet", n_eval: int = 256, n_calibration: int = 32, see
     """A workload of one MTCNN network (``"RNet"`` or ``"ONet"``) through the torch path."""
     import torch
 
+    from optuna_quant.torch_export import export_module
+
     size = NETWORKS[network]
-    module = mtcnn_network(network)
-    workload = Workload(
+    module, example = mtcnn_network(network), torch.zeros(1, 3, size, size)
+    exported, _ = export_module(module, example)  # the fp32 model optuna-quant compares against
+    batch, labels = crops(n_eval, size, seed + 1000)
+    agreement = FaceAgreement(batch, session(exported))
+    called_face = agreement.probability > THRESHOLD
+    return Workload(
         name=f"mtcnn_{network.lower()}",
         source=f"facenet-pytorch 2.6.0, {network} (models/mtcnn.py) with data/{network.lower()}.pt",
         model=module,
         calibration=list(crops(n_calibration, size, seed)[0][:, None]),
-        eval_fn=lambda s: 0.0,
+        eval_fn=agreement,
         score=f"agreement with fp32 on {n_eval} drawn crops (half faces): face decision at {THRESHOLD}, "
         f"box offsets within {BOX_TOLERANCE}",
-        example_inputs=torch.zeros(1, 3, size, size),
+        example_inputs=example,
+        info={
+            "fp32_accuracy_vs_drawn_labels": float(np.mean(called_face == labels)),
+            "fp32_faces_called": int(called_face.sum()),
+        },
+        exported=exported,
     )
-    batch, labels = crops(n_eval, size, seed + 1000)
-    fp32 = session(workload.onnx_model())
-    workload.eval_fn = FaceAgreement(batch, fp32)
-    called_face = workload.eval_fn.probability > THRESHOLD
-    workload.info["fp32_accuracy_vs_drawn_labels"] = float(np.mean(called_face == labels))
-    workload.info["fp32_faces_called"] = int(called_face.sum())
-    return workload

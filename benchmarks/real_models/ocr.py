@@ -27,7 +27,7 @@ DDDDOCR_HEIGHT, DDDDOCR_WIDTH = 64, 192
 PPOCR_HEIGHT, PPOCR_WIDTH = 48, 320
 # Glyphs that are the same shape in some fonts (o/0, l/1/i): no reader can tell them apart.
 LOOKALIKES = set("oO0lI1i")
-EVAL_SEED_OFFSET = 1000  # evaluation strings never repeat calibration strings
+EVAL_SEED_OFFSET = 1000  # evaluation lines come from another random stream than calibration lines
 
 
 class TextScore:
