@@ -17,6 +17,9 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
+``--prior`` hands optuna-quant's samplers (``set_prior``) per-layer, per-choice scores read from
+the table's per-layer measurements (:func:`layer_prior`); they report as ``<name>+prior``.
+
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
 GPSampler, whose trials cost seconds late in a study, becomes affordable over many seeds; the best
@@ -150,10 +153,44 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
+def layer_prior(table: Table) -> dict[str, dict[str, float]]:
+    """Per-layer scores of ``fp32`` and ``int8`` from the table's per-layer measurements.
+
+    For each layer, the measurement of the default configuration with that layer alone in fp32
+    gives what reverting it buys in accuracy (``gain``: acc_loss saved, in units of the accuracy
+    target) and costs in speed (``cost``: the share of the default's ``lat_diff`` lost). The
+    score of fp32 is ``sigmoid(4 * (gain - cost))``, kept within [0.05, 0.95]: reverting a layer
+    is likely good when it buys more accuracy than it costs speed; int8 scores the rest.
+
+    Raises:
+        ValueError: If the table has no per-layer measurements.
+    """
+    if table.layer_sensitivity_standin is None:
+        raise ValueError(
+            f"Table {table.name!r} has no per-layer measurements (layer_sensitivity_standin); add them "
+            "with: .venv/bin/python -m benchmarks.build_tables --layer-standin"
+        )
+    reference = table.lookup(table.reference)
+    prior = {}
+    for name, row in table.layer_sensitivity_standin.items():
+        gain = (reference["acc_loss"] - row["acc_loss"]) / (table.target.accuracy_loss / 100.0)
+        cost = (reference["lat_diff"] - row["lat_diff"]) / reference["lat_diff"]
+        fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
+        prior[name] = {"fp32": fp32, "int8": 1.0 - fp32}
+    return prior
+
+
 def run_optuna(
-    factory: SamplerFactory, table: Table, seed: int, budget: int, constraints: bool, stop_at_target: bool = False
+    factory: SamplerFactory,
+    table: Table,
+    seed: int,
+    budget: int,
+    constraints: bool,
+    stop_at_target: bool = False,
+    prior: bool = False,
 ) -> Trace:
-    """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target)."""
+    """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target);
+    with ``prior``, the sampler gets :func:`layer_prior` through its ``set_prior``."""
     replay = Replay(table)
     target = table.target
 
@@ -170,8 +207,11 @@ def run_optuna(
             trial.study.stop()
         return loss
 
+    sampler = factory(seed)
+    if prior:
+        sampler.set_prior(layer_prior(table))
     start = time.perf_counter()
-    study = optuna.create_study(sampler=factory(seed))
+    study = optuna.create_study(sampler=sampler)
     study.optimize(objective, n_trials=budget)
     return replay.finish(time.perf_counter() - start)
 
@@ -225,6 +265,7 @@ class Task:
     budget: int
     constraints: bool
     stop_at_target: bool = False
+    prior: bool = False
 
 
 @lru_cache(maxsize=None)
@@ -240,7 +281,9 @@ def run_task(task: Task) -> Trace:
     table = load_table(task.table_path)
     if task.spec == HYPEROPT_TPE:
         return run_hyperopt(table, task.seed, task.budget, task.stop_at_target)
-    return run_optuna(resolve(task.spec), table, task.seed, task.budget, task.constraints, task.stop_at_target)
+    return run_optuna(
+        resolve(task.spec), table, task.seed, task.budget, task.constraints, task.stop_at_target, task.prior
+    )
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -407,6 +450,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="end each study at its first trial that meets both targets (no best lat_diff or curves)",
     )
+    parser.add_argument(
+        "--prior",
+        action="store_true",
+        help="give the samplers (those with set_prior) the per-layer prior of each table; names get '+prior'",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
     parser.add_argument("--plots-dir", type=Path, default=RESULTS_DIR, help="where the PNGs go")
@@ -446,12 +494,21 @@ def run_tasks(tasks: list[Task], jobs: int) -> list[Trace]:
 def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """Replay the studies that ``args`` ask for and summarise them."""
     samplers, skipped = choose_samplers(args.samplers, args.sampler)
+    if args.prior:
+        without = sorted(
+            name
+            for name, spec in samplers.items()
+            if spec == HYPEROPT_TPE or not hasattr(resolve(spec)(0), "set_prior")
+        )
+        if without:
+            raise SystemExit(f"--prior needs samplers with set_prior; these have none: {without}.")
+        samplers = {f"{name}+prior": spec for name, spec in samplers.items()}
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     paths = table_paths(args.tables)
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [
-        Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target)
+        Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target, args.prior)
         for path in paths
         for name, spec in samplers.items()
         for seed in seeds

@@ -8,6 +8,7 @@ root, after training the models::
     .venv/bin/python -m benchmarks.models.train
     .venv/bin/python -m benchmarks.build_tables --tables widecnn
     .venv/bin/python -m benchmarks.build_tables --tables widecnn --retarget   # targets only
+    .venv/bin/python -m benchmarks.build_tables --layer-standin   # per-layer stand-in scores only
 
 To keep a table affordable, latency is measured once per latency-relevant configuration (the
 fallback set, granularity and mode: the range estimator only moves scales, not kernels) with
@@ -171,7 +172,10 @@ def build(name: str) -> Table:
 def retarget(name: str) -> Table:
     """An existing table with the targets of its spec: no measuring."""
     table = Table.load(TABLES_DIR / f"{name}.json")
-    return Table(table.name, table.description, table.params, SPECS[name].targets, table.fp32, table.rows)
+    return Table(
+        table.name, table.description, table.params, SPECS[name].targets, table.fp32, table.rows,
+        table.layer_sensitivity_standin,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -179,10 +183,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
     parser.add_argument("--retarget", action="store_true", help="only rewrite the targets of existing tables")
+    parser.add_argument(
+        "--layer-standin",
+        action="store_true",
+        help="only add the per-layer stand-in sensitivity (each layer alone in fp32) to existing tables",
+    )
     args = parser.parse_args(argv)
     for name in args.tables:
         start = time.perf_counter()
-        table = retarget(name) if args.retarget else build(name)
+        if args.layer_standin:
+            table = Table.load(TABLES_DIR / f"{name}.json").with_layer_standin()
+        elif args.retarget:
+            table = retarget(name)
+        else:
+            table = build(name).with_layer_standin()
         table.save(TABLES_DIR / f"{name}.json")
         reference = table.lookup(table.reference)
         print(

@@ -41,8 +41,9 @@ from benchmarks.bench_samplers import quartiles, run_optuna, trials_to_target  #
 from benchmarks.table import Table, table_paths  # noqa: E402
 from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
 from optuna_quant.samplers._discrete import DiscreteSpace  # noqa: E402
-from optuna_quant.samplers._gp_kernel import DiscreteGP  # noqa: E402
-from optuna_quant.samplers.bayesian import BayesianOptimization, _warp  # noqa: E402
+from optuna_quant.samplers._gp.gp import DiscreteGP  # noqa: E402
+from optuna_quant.samplers._gp.warp import warp  # noqa: E402
+from optuna_quant.samplers.gp import BayesianOptimization  # noqa: E402
 
 FIT_ROWS = 400
 VARIANTS = ("default", "oracle")
@@ -69,7 +70,7 @@ def oracle_gps(table: Table, rows: int = FIT_ROWS, seed: int = 0) -> list[FixedG
     gps = []
     for column in values.T:
         gp = FixedGP(n_choices)
-        DiscreteGP.fit(gp, X[pick], _warp(column[pick], centre=0.0), optimize=True)
+        DiscreteGP.fit(gp, X[pick], warp(column[pick], centre=0.0), optimize=True)
         gps.append(gp)
     return gps
 

@@ -11,7 +11,14 @@ sampler authors, so keep to it::
      "fp32": {"accuracy": float, "latency_ms": float},
      "rows": [{"params": {...}, "accuracy": float, "acc_loss": float, "lat_diff": float}, ...]}
 
-``rows`` covers every configuration of the space.
+``rows`` covers every configuration of the space. Optionally, per-layer measurements that a
+sampler may take as a prior::
+
+     "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}}
+
+the row of the configuration that differs from the default one in that layer alone (fp32):
+a stand-in, measured on the table's own model, for the per-layer sensitivity of
+``optuna_quant.sensitivity``, until tables carry that.
 
 Example:
     >>> table = Table.from_rows(
@@ -51,6 +58,8 @@ class Table:
         targets: ``{"accuracy_loss": percent, "latency_reduce": float}``.
         fp32: ``{"accuracy": float, "latency_ms": float}`` of the fp32 model.
         rows: One dict per configuration with ``params``, ``accuracy``, ``acc_loss``, ``lat_diff``.
+        layer_sensitivity_standin: Per layer parameter, ``acc_loss`` and ``lat_diff`` of the
+            default configuration with that layer alone in fp32; ``None`` when not measured.
     """
 
     name: str
@@ -59,6 +68,7 @@ class Table:
     targets: dict[str, float]
     fp32: dict[str, float]
     rows: list[dict[str, Any]]
+    layer_sensitivity_standin: dict[str, dict[str, float]] | None = None
     _index: dict[Key, dict[str, Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +102,8 @@ class Table:
             "targets": self.targets,
             "fp32": self.fp32,
         }
+        if self.layer_sensitivity_standin is not None:
+            head["layer_sensitivity_standin"] = self.layer_sensitivity_standin
         body = json.dumps(head, indent=1)[:-2]
         rows = ",\n".join(json.dumps(row, separators=(",", ":")) for row in self.rows)
         Path(path).write_text(f'{body},\n "rows": [\n{rows}\n ]\n}}\n')
@@ -141,6 +153,20 @@ class Table:
     def met(self, row: dict[str, Any]) -> bool:
         """Whether a row meets both targets."""
         return self.target.met(row["acc_loss"], row["lat_diff"])
+
+    def with_layer_standin(self) -> Table:
+        """This table with :attr:`layer_sensitivity_standin` read from its single-layer rows.
+
+        Each layer parameter (``layer:<node>``) gets the ``acc_loss`` and ``lat_diff`` of the
+        default configuration with that layer alone in fp32, the cheap measurement (one
+        configuration per layer) that a study can make before searching.
+        """
+        standin = {}
+        for name in self.names:
+            if name.startswith("layer:") and "fp32" in self.params[name]:
+                row = self.lookup({**self.reference, name: "fp32"})
+                standin[name] = {"acc_loss": row["acc_loss"], "lat_diff": row["lat_diff"]}
+        return Table(self.name, self.description, self.params, self.targets, self.fp32, self.rows, standin)
 
     @cached_property
     def feasible_fraction(self) -> float:

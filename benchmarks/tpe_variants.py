@@ -15,7 +15,9 @@ def indep(seed: int) -> TPESampler:
 
 class _Repeats(TPESampler):
     def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
-        return self._sample(study, search_space, never_repeat=False) if search_space else {}
+        if not search_space:
+            return {}
+        return self._sample(study, study._get_trials(deepcopy=False, use_cache=True), search_space, never_repeat=False)
 
 
 def potrep(seed: int) -> TPESampler:
@@ -23,3 +25,8 @@ def potrep(seed: int) -> TPESampler:
     sampler = TPESampler.pot(seed=seed)
     sampler.__class__ = _Repeats
     return sampler
+
+
+def startup5(seed: int) -> TPESampler:
+    """Five start-up trials instead of ten: with a prior, the start-up draws already follow it."""
+    return TPESampler(seed=seed, n_startup_trials=5)

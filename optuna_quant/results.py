@@ -1,4 +1,5 @@
-"""What a trial recorded, and POT's rule for the best trial of a study."""
+"""What a trial recorded, and the rule for the best trial of a study (POT's, when a trial keeps the
+accuracy; see :func:`optuna_quant.loss.best_index`)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def result_of(trial: FrozenTrial) -> Result:
 
 
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
-    """The best trial by POT's rule (see :func:`optuna_quant.loss.best_index`), or ``None``."""
+    """The best trial (see :func:`optuna_quant.loss.best_index`), or ``None``."""
     candidates = recorded(trials)
     index = best_index([result_of(t) for t in candidates], targets)
     return None if index is None else candidates[index]
@@ -54,6 +55,8 @@ class BestResult:
         lat_diff: Speed-up against fp32.
         loss: POT's weighted loss.
         missed: The targets it misses (``"accuracy"``, ``"latency"``); empty when both are met.
+        shortfall: By how much it misses each of them, one phrase a missed target
+            (:meth:`optuna_quant.loss.Targets.shortfall`).
     """
 
     number: int
@@ -62,6 +65,7 @@ class BestResult:
     lat_diff: float
     loss: float
     missed: tuple[str, ...]
+    shortfall: tuple[str, ...] = ()
 
     @property
     def targets_met(self) -> bool:
@@ -79,6 +83,7 @@ class BestResult:
             lat_diff=lat_diff,
             loss=trial_loss(trial),
             missed=tuple(targets.missed(acc_loss, lat_diff)),
+            shortfall=tuple(targets.shortfall(acc_loss, lat_diff)),
         )
 
     def configuration(self) -> str:
@@ -88,14 +93,21 @@ class BestResult:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """One line in POT's terms, saying which target was missed, if any."""
+        """One line in POT's terms, saying which target was missed, if any, and by how much.
+
+        Example:
+            >>> BestResult(7, {}, 0.0171, 1.21, 81.3, ("accuracy", "latency"),
+            ...            tuple(Targets(1.0, 1.5).shortfall(0.0171, 1.21))).summary()
+            'Best trial 7: acc_loss: 0.0171 lat_diff: 1.2100 (neither target met: accuracy missed by 0.71 points of acc_loss (1.71 % against the 1.00 % target); latency missed: 1.21x against 1.50x)'
+        """
         verdict = {
             (): "targets met",
             ("latency",): "accuracy met but not latency",
             ("accuracy",): "latency met but not accuracy",
             ("accuracy", "latency"): "neither target met",
         }[self.missed]
+        details = "; ".join(self.shortfall)
         return (
             f"Best trial {self.number}: acc_loss: {self.acc_loss:.4f} lat_diff: {self.lat_diff:.4f} "
-            f"({verdict})"
+            f"({verdict}{': ' + details if details else ''})"
         )

@@ -8,15 +8,15 @@ import numpy as np
 import optuna
 import pytest
 
-from optuna_quant.samplers._gp_kernel import DiscreteGP
-from optuna_quant.samplers.bayesian import (
+from optuna_quant.samplers._gp.gp import DiscreteGP
+from optuna_quant.samplers._gp.acqf import _log_h
+from optuna_quant.samplers.gp import (
     BayesianOptimization,
     ConstrainedExpectedImprovement,
     DiscreteGPSampler,
     ExpectedImprovement,
     TargetSpace,
     UpperConfidenceBound,
-    _log_h,
     acq_max,
 )
 

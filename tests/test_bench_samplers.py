@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 import sys
@@ -22,6 +23,7 @@ from benchmarks.bench_samplers import (  # noqa: E402
     best_feasible_lat_diff,
     checkpoints,
     count_duplicates,
+    layer_prior,
     main,
     run_optuna,
     median_missing_worst,
@@ -236,3 +238,51 @@ def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
         for gp, o in zip(sampler._optimizer._constraint_gps, table_gps)
     ]
     assert gaps == pytest.approx(expected)
+
+
+@pytest.fixture
+def layered() -> Table:
+    """Two layers and a range estimator: reverting ``l0`` buys accuracy cheaply, ``l1`` costs speed."""
+    params = {"layer:l0": ["int8", "fp32"], "layer:l1": ["int8", "fp32"], "est": ["minmax", "entropy"]}
+    rows = []
+    for config in configurations(params):
+        acc_loss = 0.02 - 0.015 * (config["layer:l0"] == "fp32") - 0.005 * (config["est"] == "entropy")
+        lat_diff = 2.0 - 0.1 * (config["layer:l0"] == "fp32") - 0.8 * (config["layer:l1"] == "fp32")
+        rows.append({"params": config, "accuracy": 1 - acc_loss, "acc_loss": acc_loss, "lat_diff": lat_diff})
+    return Table.from_rows(
+        name="layered", description="hand-made", params=params,
+        targets={"accuracy_loss": 1.0, "latency_reduce": 1.5}, fp32={"accuracy": 1.0, "latency_ms": 1.0}, rows=rows,
+    )
+
+
+def test_layer_prior_from_the_single_layer_rows(layered: Table, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'layered' has no per-layer measurements.*--layer-standin"):
+        layer_prior(layered)
+    table = layered.with_layer_standin()
+    # Each layer alone in fp32, the rest as in the default configuration.
+    assert table.layer_sensitivity_standin == {
+        "layer:l0": {"acc_loss": pytest.approx(0.005), "lat_diff": pytest.approx(1.9)},
+        "layer:l1": {"acc_loss": pytest.approx(0.02), "lat_diff": pytest.approx(1.2)},
+    }
+    table.save(tmp_path / "layered.json")
+    assert Table.load(tmp_path / "layered.json").layer_sensitivity_standin == table.layer_sensitivity_standin
+    prior = layer_prior(table)
+    assert set(prior) == {"layer:l0", "layer:l1"}  # the range estimator gets no opinion
+    # l0: gain 1.5 target units, cost 5 % of the speed-up; l1: no gain, 40 % of the speed-up.
+    assert prior["layer:l0"]["fp32"] == 0.95 and prior["layer:l1"]["fp32"] == pytest.approx(0.168, abs=1e-3)
+    assert all(scores["fp32"] + scores["int8"] == pytest.approx(1.0) for scores in prior.values())
+
+
+def test_prior_run_feeds_the_samplers(layered: Table, tmp_path: Path) -> None:
+    path = tmp_path / "layered.json"
+    layered.with_layer_standin().save(path)
+    task = Task("oq-gp", "optuna_quant.samplers:DiscreteGPSampler", str(path), seed=0, budget=8, constraints=True)
+    firsts = [run_task(dataclasses.replace(task, seed=seed, budget=1, prior=True)).keys[0] for seed in range(20)]
+    # Drawn from the prior, first trials revert l0 (score 0.95) and keep l1 in int8 (0.83); keys
+    # are (est, layer:l0, layer:l1), and the range estimator, without a prior, is drawn uniformly.
+    assert sum(key[1] == "fp32" for key in firsts) >= 17 and sum(key[2] == "int8" for key in firsts) >= 13
+    assert 5 <= sum(key[0] == "minmax" for key in firsts) <= 15
+    whole = run_task(dataclasses.replace(task, prior=True))
+    assert len(set(whole.keys)) == 8  # and never a repeat
+    with pytest.raises(SystemExit, match=r"set_prior; these have none: \['optuna-tpe'\]"):
+        main(["--samplers", "optuna-tpe", "oq-gp", "--prior", "--tables", "dwsep", "--out", str(tmp_path / "x.json")])

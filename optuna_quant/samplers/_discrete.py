@@ -205,13 +205,44 @@ def constraint_matrix(rows: Sequence[Mapping[str, float]]) -> np.ndarray | None:
     )
 
 
+def pareto_scores(values: np.ndarray) -> np.ndarray:
+    """One lower-better score per row of ``(n, k)`` lower-better objective values.
+
+    The integer part is the row's non-domination rank (0 on the Pareto front, 1 on the front
+    once the first is removed, ...), the fraction its mean rank over the objectives divided by
+    ``n``, which orders the rows within a front by how good they are on average. Splitting by
+    this score splits by non-domination rank, as Optuna's multi-objective TPE does first.
+
+    Example:
+        >>> pareto_scores(np.array([[1.0, 3.0], [2.0, 2.0], [3.0, 3.0], [2.0, 1.0]])).round(3).tolist()
+        [0.25, 1.25, 2.75, 0.25]
+    """
+    n = len(values)
+    ranks = np.full(n, -1)
+    remaining = np.arange(n)
+    front = 0
+    while remaining.size:
+        v = values[remaining]
+        # Row i is dominated when some row is no worse everywhere and better somewhere.
+        no_worse = np.all(v[None, :, :] <= v[:, None, :], axis=2)
+        better = np.any(v[None, :, :] < v[:, None, :], axis=2)
+        dominated = np.any(no_worse & better, axis=1)
+        ranks[remaining[~dominated]] = front
+        remaining = remaining[dominated]
+        front += 1
+    per_objective = np.argsort(np.argsort(values, axis=0, kind="stable"), axis=0, kind="stable")
+    return ranks + per_objective.mean(axis=1) / max(n, 1)
+
+
 @dataclass
 class History:
     """What a sampler knows of a study on a :class:`DiscreteSpace`.
 
     Attributes:
         configs: Completed configurations, ``(n, dim)`` indices.
-        values: Their objective values, turned so that lower is better.
+        values: Their objective values, turned so that lower is better. With several
+            objectives, one score per trial (:func:`pareto_scores`): its non-domination rank,
+            ties broken by its mean rank over the objectives.
         constraints: Their constraint values, ``(n, k)`` (feasible when all are <= 0), or ``None``
             when the study records no constraints.
         running: Configurations of running or waiting trials, ``(m, dim)``.
@@ -250,9 +281,9 @@ class History:
             >>> history.configs.tolist(), history.values.tolist()
             ([[1.5]], [2.0])
         """
-        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        signs = [-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
         configs: list[tuple] = []
-        values: list[float] = []
+        values: list[list[float]] = []
         constraint_rows: list[dict[str, float]] = []
         running: list[tuple] = []
         seen: set[tuple] = set()
@@ -261,9 +292,9 @@ class History:
             if point is None:
                 continue
             config = tuple(point)
-            if trial.state == TrialState.COMPLETE and trial.value is not None:
+            if trial.state == TrialState.COMPLETE and trial.values is not None:
                 configs.append(config)
-                values.append(sign * float(trial.value))
+                values.append([sign * float(v) for sign, v in zip(signs, trial.values)])
                 constraint_rows.append(dict(trial.constraints))
                 seen.add(config)
             elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -271,9 +302,10 @@ class History:
                 seen.add(config)
             elif trial.state in (TrialState.FAIL, TrialState.PRUNED):
                 seen.add(config)
+        value_matrix = np.array(values, dtype=float).reshape(-1, len(signs))
         return cls(
             configs=np.array(configs, dtype=dtype).reshape(-1, dim),
-            values=np.array(values, dtype=float),
+            values=value_matrix[:, 0] if len(signs) == 1 else pareto_scores(value_matrix),
             constraints=constraint_matrix(constraint_rows),
             running=np.array(running, dtype=dtype).reshape(-1, dim),
             seen=seen,

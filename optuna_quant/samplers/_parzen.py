@@ -13,7 +13,7 @@ the Gaussian mass of the cell of width ``step`` around it.
   do: a categorical is the distribution of the weighted counts plus ``prior_weight`` pseudo-counts
   per choice; a number is a mixture of one Gaussian per observation and one wide prior Gaussian.
 - :class:`MultivariateParzen` models the parameters jointly: a mixture with one product kernel per
-  observation plus a uniform prior kernel.
+  observation plus a prior kernel (uniform, or a categorical's ``prior`` probabilities).
 
 Example:
     >>> import numpy as np
@@ -41,9 +41,20 @@ from optuna.distributions import IntDistribution
 
 
 class CategoricalDim(NamedTuple):
-    """A parameter whose values are the choice indices ``0 .. n_choices - 1``."""
+    """A parameter whose values are the choice indices ``0 .. n_choices - 1``.
+
+    ``prior``: the prior probability of each choice (uniform when ``None``), which the prior
+    kernel of an estimator follows.
+    """
 
     n_choices: int
+    prior: tuple[float, ...] | None = None
+
+    def prior_probs(self) -> np.ndarray:
+        """The prior probability of each choice."""
+        if self.prior is None:
+            return np.full(self.n_choices, 1.0 / self.n_choices)
+        return np.asarray(self.prior, dtype=float)
 
 
 class NumericDim(NamedTuple):
@@ -197,7 +208,7 @@ class UnivariateParzen(_Parzen):
     def _fit_categoricals(self, weights: np.ndarray, prior_weight: float) -> None:
         self._cat_log_probs = _categorical_log_probs(
             self._observations[:, self._cat].astype(np.int64),
-            np.array([self._dims[j].n_choices for j in self._cat], dtype=np.int64),
+            [self._dims[j] for j in self._cat],
             weights,
             prior_weight,
         )
@@ -257,7 +268,7 @@ class MultivariateParzen(_Parzen):
         cat_obs = self._observations[:, self._cat].astype(np.int64)
         probs[np.arange(len(self._cat))[None, :], np.arange(n)[:, None], cat_obs] += 1.0
         probs[:, :n, :] /= (1.0 + n_choices * smoothing)[:, None, None]
-        probs[:, n, :] = np.where(valid, 1.0 / n_choices[:, None], 0.0)
+        probs[:, n, :] = _padded_priors([self._dims[j] for j in self._cat], max_choices)
         self._cat_probs = probs
         # Log probabilities as a (n_cat * max_choices, n_kernels) matrix, so that a one-hot
         # encoding of the candidates picks and sums them in one product; padding is never picked.
@@ -289,10 +300,23 @@ class MultivariateParzen(_Parzen):
         return _logsumexp(per_kernel, axis=1)
 
 
+def _padded_priors(dims: Sequence[CategoricalDim], max_choices: int) -> np.ndarray:
+    """``(n_cat, max_choices)`` prior probabilities of the choices, zero past each one's last."""
+    out = np.zeros((len(dims), max_choices))
+    for j, d in enumerate(dims):
+        out[j, : d.n_choices] = d.prior_probs()
+    return out
+
+
 def _categorical_log_probs(
-    observations: np.ndarray, n_choices: np.ndarray, weights: np.ndarray, prior_weight: float
+    observations: np.ndarray, dims: Sequence[CategoricalDim], weights: np.ndarray, prior_weight: float
 ) -> np.ndarray:
-    """``(n_cat, max_choices)`` log probabilities of weighted counts plus pseudo-counts."""
+    """``(n_cat, max_choices)`` log probabilities of weighted counts plus pseudo-counts.
+
+    Each choice gets ``prior_weight * n_choices * prior_probability`` pseudo-counts: with a
+    uniform prior, ``prior_weight`` each, as hyperopt gives them.
+    """
+    n_choices = np.array([d.n_choices for d in dims], dtype=np.int64)
     n_cat = len(n_choices)
     max_choices = int(n_choices.max()) if n_cat else 1
     counts = np.bincount(
@@ -301,7 +325,13 @@ def _categorical_log_probs(
         minlength=n_cat * max_choices,
     ).reshape(n_cat, max_choices)
     valid = np.arange(max_choices)[None, :] < n_choices[:, None]
-    pseudo = np.where(valid, counts + prior_weight, 0.0)
+    # Relative to uniform: exactly 1 for a parameter without a prior.
+    relative = np.ones((n_cat, max_choices))
+    for j, d in enumerate(dims):
+        if d.prior is not None:
+            relative[j, : d.n_choices] = d.n_choices * d.prior_probs()
+    pseudo_counts = prior_weight * relative
+    pseudo = np.where(valid, counts + pseudo_counts, 0.0)
     with np.errstate(divide="ignore"):
         return np.log(pseudo / pseudo.sum(axis=1, keepdims=True))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 
-from optuna_quant.samplers.bayesian import DiscreteGPSampler
+from optuna_quant.samplers.gp import DiscreteGPSampler
 from optuna_quant.samplers.tpe import TPESampler
 
 SAMPLER_NAMES = ("tpe", "gp", "random")

@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from optuna_quant.samplers import _coordination
+from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import grid_size
 from optuna_quant.samplers._discrete import History
-from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._parzen import CategoricalDim
 from optuna_quant.samplers._parzen import Dim
 from optuna_quant.samplers._parzen import dim_of
@@ -42,6 +42,9 @@ from optuna_quant.samplers._parzen import linear_forgetting_weights
 from optuna_quant.samplers._parzen import MultivariateParzen
 from optuna_quant.samplers._parzen import NumericDim
 from optuna_quant.samplers._parzen import UnivariateParzen
+from optuna_quant.samplers._prior import choice_probabilities
+from optuna_quant.samplers._prior import Prior
+from optuna_quant.samplers._prior import SpacePrior
 
 # Both hyperopt and Optuna cap the good set at 25 observations.
 _MAX_GOOD = 25
@@ -71,16 +74,23 @@ def sqrt_gamma(gamma: float, n: int) -> int:
     return min(math.ceil(gamma * math.sqrt(n)), _MAX_GOOD)
 
 
-class TPESampler(BaseSampler):
+class TPESampler(InTurnSampler):
     """Sampler using TPE, re-implemented, with a never-repeat rule and OpenVINO POT's preset.
 
     Observations are split into good and bad: with constraints (``trial.set_constraint``, feasible
     when every value is <= 0), feasible trials rank first by objective value and infeasible ones
     follow by their total violation, as in Optuna's TPE, each constraint counted in units of its
     typical size (see :func:`split_good_bad`). Running trials count as bad observations (constant
-    liar), so that parallel workers spread out. The defaults are the settings that needed the
-    fewest trials to reach the targets in the sampler benchmark (``docs/benchmarks.md``, "TPE
-    sampler"); :meth:`pot` reproduces OpenVINO POT's use of hyperopt's TPE.
+    liar), so that parallel workers spread out, and workers sharing a storage never evaluate one
+    configuration twice, whatever their seeds: each trial waits (briefly, bounded) for the
+    lower-numbered running trials to choose, excludes their choices and claims its own
+    (:mod:`optuna_quant.samplers._coordination`). With several objectives, feasible trials rank
+    by non-domination rank (see :class:`~optuna_quant.samplers._discrete.History`). A ``prior``
+    (per-parameter, per-choice scores, see :meth:`set_prior`) is the prior kernel of the
+    categorical parameters' estimators and the distribution of the start-up draws. The defaults
+    are the settings that needed the fewest trials to reach the targets in the sampler benchmark
+    (``docs/benchmarks.md``, "TPE sampler"); :meth:`pot` reproduces OpenVINO POT's use of
+    hyperopt's TPE.
 
     Example:
         >>> import optuna
@@ -116,6 +126,9 @@ class TPESampler(BaseSampler):
         constraints: Split by the trials' constraints where they carry any; ``False`` splits by
             the objective value alone.
         seed: Seed of the random number generator.
+        prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`),
+            or later :meth:`set_prior`.
+        claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
     """
 
     def __init__(
@@ -129,6 +142,8 @@ class TPESampler(BaseSampler):
         constant_liar: bool = True,
         constraints: bool = True,
         seed: int | None = None,
+        prior: Prior | None = None,
+        claim_wait_seconds: float = _coordination.DEFAULT_WAIT_SECONDS,
     ) -> None:
         if n_startup_trials < 0:
             raise ValueError(f"n_startup_trials must not be negative, got {n_startup_trials!r}.")
@@ -147,9 +162,8 @@ class TPESampler(BaseSampler):
         self._multivariate = multivariate
         self._constant_liar = constant_liar
         self._constraints = constraints
-        self._rng = np.random.RandomState(seed)
+        super().__init__(seed, prior, claim_wait_seconds)
         self._search_space = IntersectionSearchSpace(include_pruned=True)
-        self._spaces = SpaceCache()
 
     @classmethod
     def pot(cls, *, seed: int | None = None, constant_liar: bool = True) -> TPESampler:
@@ -177,21 +191,16 @@ class TPESampler(BaseSampler):
             seed=seed,
         )
 
-    def reseed_rng(self) -> None:
-        self._rng.seed()
-
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
         space = self._search_space.calculate(study, use_cache=True)
         return {name: dist for name, dist in space.items() if not dist.single()}
 
-    def sample_relative(
-        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    def _sample_in_turn(
+        self, study: Study, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        return self._sample(study, search_space, never_repeat=True)
+        return self._sample(study, trials, search_space, never_repeat=True)
 
     def sample_independent(
         self,
@@ -202,17 +211,26 @@ class TPESampler(BaseSampler):
     ) -> Any:
         # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
-        return self._sample(study, {param_name: param_distribution}, never_repeat=False)[param_name]
+        trials = study._get_trials(deepcopy=False, use_cache=True)
+        return self._sample(study, trials, {param_name: param_distribution}, never_repeat=False)[
+            param_name
+        ]
 
     def _sample(
-        self, study: Study, search_space: Mapping[str, BaseDistribution], never_repeat: bool
+        self,
+        study: Study,
+        trials: Sequence[FrozenTrial],
+        search_space: Mapping[str, BaseDistribution],
+        never_repeat: bool,
     ) -> dict[str, Any]:
-        trials = study._get_trials(deepcopy=False, use_cache=True)
         names = sorted(search_space)
-        dims = [dim_of(search_space[name]) for name in names]
+        dims = [self._dim(name, search_space[name]) for name in names]
         space: DiscreteSpace | None = None
         if all(_is_finite(dist) for dist in search_space.values()):
             space, history = self._spaces.history(study, trials, search_space)
+            claimed = np.array(_coordination.claimed_configs(trials, space), np.int64)
+            history.running = np.vstack([history.running, claimed.reshape(-1, space.dim)])
+            history.seen |= set(map(tuple, claimed.tolist()))
             observed, running = _values_of(history.configs, dims), _values_of(history.running, dims)
         else:
             history = _continuous_history(study, trials, names, search_space)
@@ -264,13 +282,26 @@ class TPESampler(BaseSampler):
             x = _best_per_parameter(self._rng, below, above, n_candidates, dims, seen)
         return self._random(space, dims, seen) if x is None else x
 
+    def _dim(self, name: str, distribution: BaseDistribution) -> Dim:
+        """The estimators' view of a parameter, with its prior where it is categorical."""
+        dim = dim_of(distribution)
+        if isinstance(dim, CategoricalDim):
+            probs = choice_probabilities(self._prior, name, tuple(distribution.choices))  # type: ignore[attr-defined]
+            if probs is not None:
+                return CategoricalDim(dim.n_choices, tuple(probs.tolist()))
+        return dim
+
     def _random(
         self, space: DiscreteSpace | None, dims: Sequence[Dim], seen: set[Config] | None
     ) -> np.ndarray:
-        """A uniformly random point; an unseen configuration when ``seen`` is given and one remains."""
+        """A random point, from the prior when there is one; unseen when ``seen`` is given and one
+        remains."""
         if space is None:
             return _uniform(self._rng, dims)
-        config = space.random_unseen(self._rng, seen or set())
+        if self._prior is None:
+            config = space.random_unseen(self._rng, seen or set())
+        else:
+            config = SpacePrior(space, self._prior).sample_unseen(self._rng, seen or set())
         return _values_of(np.array(config)[None], dims)[0]
 
 

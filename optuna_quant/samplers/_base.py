@@ -1,0 +1,74 @@
+"""What both samplers of this package share: a seeded RNG, a prior, and suggestions taken in turn."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial
+
+from optuna_quant.samplers import _coordination
+from optuna_quant.samplers._discrete import SpaceCache
+from optuna_quant.samplers._prior import Prior
+from optuna_quant.samplers._prior import validate_prior
+
+
+class InTurnSampler(BaseSampler, abc.ABC):
+    """A sampler whose relative suggestions follow :mod:`~optuna_quant.samplers._coordination`.
+
+    Subclasses choose in :meth:`_sample_in_turn`, excluding what the other trials hold; this
+    class waits for the lower-numbered trials first and claims the choice after.
+
+    Args:
+        seed: Seed of the random number generator.
+        prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`).
+        claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
+
+    Raises:
+        ValueError: For a negative ``claim_wait_seconds``, or a prior score outside (0, 1).
+        TypeError: For a prior that is not a mapping of mappings.
+    """
+
+    def __init__(self, seed: int | None, prior: Prior | None, claim_wait_seconds: float) -> None:
+        if not claim_wait_seconds >= 0:
+            raise ValueError(f"claim_wait_seconds must not be negative, got {claim_wait_seconds!r}.")
+        self._rng = np.random.RandomState(seed)
+        self._spaces = SpaceCache()
+        self.set_prior(prior)
+        self._claim_wait_seconds = claim_wait_seconds
+
+    def reseed_rng(self) -> None:
+        self._rng.seed()
+
+    def set_prior(self, prior: Prior | None) -> None:
+        """Use ``prior`` from the next trial on (``None`` removes it).
+
+        Raises:
+            TypeError: If ``prior`` is not a mapping of mappings.
+            ValueError: If a score is not strictly between 0 and 1.
+        """
+        self._prior = validate_prior(prior)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        return _coordination.sample_in_turn(
+            study,
+            trial,
+            list(search_space),
+            self._claim_wait_seconds,
+            lambda trials: self._sample_in_turn(study, trials, search_space),
+        )
+
+    @abc.abstractmethod
+    def _sample_in_turn(
+        self, study: Study, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        """The relative parameters, given every other trial of the study; ``{}`` when every
+        configuration is taken."""
