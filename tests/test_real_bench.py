@@ -167,28 +167,28 @@ def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:
         run.load_report(path, {**header, "trials": 20})
 
 
-def test_prior_seam_says_what_is_missing() -> None:
+def test_prior_seam_refuses_a_sampler_without_a_prior() -> None:
     import optuna
 
-    if importlib.util.find_spec("optuna_quant.sensitivity") is not None:
-        pytest.skip("optuna_quant.sensitivity exists: the +prior studies run instead")
-    with pytest.raises(run.PriorUnavailable, match="optuna_quant.sensitivity"):
-        run.attach_prior(None, optuna.samplers.TPESampler())
+    with pytest.raises(run.PriorUnavailable, match="TPESampler takes no prior"):
+        run.attach_prior(None, optuna.samplers.TPESampler(), [])
 
 
 @pytest.mark.slow
 @needs("silero_vad", tool="espeak-ng")
 def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys) -> None:
     out = tmp_path / "vad.json"
-    argv = ["--model", "silero_vad", "--seeds", "1", "--trials", "2", "--methods", "tpe,ort_default",
+    argv = ["--model", "silero_vad", "--seeds", "1", "--trials", "2", "--methods", "tpe+prior,ort_default",
             "--eval-size", "2", "--calibration-size", "2", "--out", str(out)]
     report = run.main(argv)
     study, baseline = report["runs"]
+    assert "error" not in study, study.get("error")
     assert [t["number"] for t in study["trials"]] == [0, 1] and study["layers"] == 6
+    assert study["prior_s"] > 0  # the sensitivity was measured and handed to the sampler
     assert all(t["state"] == "COMPLETE" and t["elapsed_s"] > 0 for t in study["trials"])
     assert study["peak_rss_mb"] >= study["workload_rss_mb"] > 0
     assert baseline["int8_layers"] == 6 and "error" not in baseline
     assert json.loads(out.read_text())["runs"] == report["runs"]
     printed = capsys.readouterr().out
-    assert "| tpe | 1 |" in printed and "| ort_default |" in printed
+    assert "| tpe+prior | 1 |" in printed and "| ort_default |" in printed
     assert report["versions"]["onnx"] == onnx.__version__  # the report names what it ran with

@@ -70,29 +70,29 @@ class PriorUnavailable(RuntimeError):
     """The per-layer sensitivity prior cannot be measured with this optuna-quant."""
 
 
-def attach_prior(study: optuna_quant.QuantStudy, sampler: optuna.samplers.BaseSampler) -> float:
+def attach_prior(study: optuna_quant.QuantStudy, sampler: optuna.samplers.BaseSampler, feeds: list[dict]) -> float:
     """Measure the study's per-layer sensitivity and hand it to ``sampler`` as its prior.
 
-    The one seam between this benchmark and ``optuna_quant.sensitivity``: the prior comes from
-    ``sensitivity.prior(study)`` and goes to ``sampler.set_prior``.
+    The one seam between this benchmark and :mod:`optuna_quant.sensitivity`: the layers' costs
+    from ``measure_sensitivity`` on the calibration ``feeds``, turned into per-choice scores by
+    ``choice_scores``, go to ``sampler.set_prior``.
 
     Returns:
         The seconds it took (a one-off cost of the study).
 
     Raises:
-        PriorUnavailable: If optuna-quant has no sensitivity module, or it or the sampler lacks
-            the calls above.
+        PriorUnavailable: If optuna-quant has no sensitivity module or the sampler takes no prior.
     """
     try:
-        from optuna_quant import sensitivity
+        from optuna_quant.sensitivity import choice_scores, measure_sensitivity
     except ImportError as err:
         raise PriorUnavailable(f"optuna_quant.sensitivity cannot be imported ({err}).") from err
-    if not hasattr(sensitivity, "prior") or not hasattr(sampler, "set_prior"):
-        raise PriorUnavailable(
-            f"optuna_quant.sensitivity.prior or {type(sampler).__name__}.set_prior is missing."
-        )
+    if not hasattr(sampler, "set_prior"):
+        raise PriorUnavailable(f"{type(sampler).__name__} takes no prior (no set_prior).")
+    objective = study.objective
     start = time.perf_counter()
-    sampler.set_prior(sensitivity.prior(study))
+    sensitivity = measure_sensitivity(objective.model, objective.quantizer, feeds, objective.space.nodes, settings=SETTINGS)
+    sampler.set_prior(choice_scores(sensitivity))
     return time.perf_counter() - start
 
 
@@ -123,7 +123,7 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             artifact_dir=folder,
         )
         record["setup_s"] = time.perf_counter() - start
-        record["prior_s"] = attach_prior(study, sampler) if method.endswith(PRIOR_SUFFIX) else None
+        record["prior_s"] = attach_prior(study, sampler, workload.feeds()) if method.endswith(PRIOR_SUFFIX) else None
         study.optimize(n_trials=trials)
         record["wall_s"] = time.perf_counter() - start
     record["trials"] = [
