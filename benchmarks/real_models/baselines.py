@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+import contextlib
 from pathlib import Path
 import tempfile
 from typing import Any
@@ -72,11 +73,13 @@ def ort_preprocessed(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any
     with tempfile.TemporaryDirectory() as folder:
         prepared = Path(folder) / "prepared.onnx"
         notes: dict[str, Any] = {"skip_symbolic_shape": False}
-        try:
-            quant_pre_process(_fp32_copy(workload), prepared)
-        except Exception as err:  # onnxruntime raises bare Exceptions from its shape inference
-            notes = {"skip_symbolic_shape": True, "symbolic_shape_error": f"{type(err).__name__}: {err}"[:300]}
-            quant_pre_process(_fp32_copy(workload), prepared, skip_symbolic_shape=True)
+        # Symbolic shape inference leaves sym_shape_infer_temp.onnx in the working directory.
+        with contextlib.chdir(folder):
+            try:
+                quant_pre_process(_fp32_copy(workload), prepared)
+            except Exception as err:  # onnxruntime raises bare Exceptions from its shape inference
+                notes = {"skip_symbolic_shape": True, "symbolic_shape_error": f"{type(err).__name__}: {err}"[:300]}
+                quant_pre_process(_fp32_copy(workload), prepared, skip_symbolic_shape=True)
         return _quantize_static(prepared, workload, Path(folder)), notes
 
 
