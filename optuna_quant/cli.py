@@ -2,14 +2,18 @@
 
 Commands::
 
+    optuna-quant probe CONFIG                measure fp32 and the reference int8 model, suggest targets
     optuna-quant tune CONFIG                 run the study the config describes
     optuna-quant worker CONFIG               join that study from another process or machine
     optuna-quant best CONFIG --export PATH   rebuild and export the stored best model
     optuna-quant dashboard CONFIG            optuna-dashboard on the study's storage
     optuna-quant report CONFIG --out FILE    a self-contained HTML report
 
-Exit status: 0 on success, 1 when a run completed no trial, 2 for a config or usage error (one
-line on stderr, no traceback).
+Global options: ``--verbose`` (Optuna's per-trial lines, onnxruntime's quantization warnings and
+the traceback of an error); ``tune`` and ``worker`` take ``--no-progress`` (no progress bar).
+
+Exit status: 0 on success, 1 when a run completed no trial, 2 for any error (one line on stderr
+naming the problem; the traceback only with ``--verbose``), 130 when interrupted.
 
 Example:
     >>> main(["tune", "examples/demo_config.yaml"])   # doctest: +SKIP
@@ -22,17 +26,25 @@ import argparse
 from collections.abc import Callable, Sequence
 import logging
 import sys
+import traceback
 from typing import NoReturn
 
 import optuna
 
+from optuna_quant import logs
 from optuna_quant.config import ConfigError
 from optuna_quant.config import load_config
 from optuna_quant.config import RunConfig
+from optuna_quant.config import unwritable
+from optuna_quant.dashboard import DashboardFigures
 from optuna_quant.dashboard import DEFAULT_HOST
 from optuna_quant.dashboard import DEFAULT_PORT
 from optuna_quant.dashboard import serve
 from optuna_quant.dashboard import study_url
+from optuna_quant.figures import SENSITIVITY_KEY
+from optuna_quant.objective import SCALING_KEY
+from optuna_quant.probe import probe
+from optuna_quant.probe import run_probe
 from optuna_quant.report import write_report
 from optuna_quant.results import BestResult
 from optuna_quant.storage import default_artifact_dir
@@ -43,7 +55,7 @@ from optuna_quant.storage import StorageError
 from optuna_quant.study import create_study
 from optuna_quant.study import QuantStudy
 
-_logger = logging.getLogger("optuna_quant")
+_VERBOSE_HINT = "--verbose shows them"
 
 
 class UsageError(Exception):
@@ -51,16 +63,35 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status.
+
+    The logging it sets for the run is put back on return, for callers in the same process.
+    """
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
-    _logger.setLevel(logging.INFO)  # POT's log lines are the progress of a run
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return args.command(args)
-    except UsageError as err:
-        print(f"optuna-quant: error: {err}", file=sys.stderr)
-        return 2
+    with logs.restored():
+        # POT's log lines are the progress of a run; Optuna's per-trial line, listing every
+        # parameter, and onnxruntime's per-node warnings only with --verbose.
+        logs.set_verbosity(logging.DEBUG if args.verbose else logging.INFO)
+        optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
+        try:
+            return args.command(args)
+        except KeyboardInterrupt:
+            print("optuna-quant: interrupted", file=sys.stderr)
+            return 130
+        except Exception as err:  # noqa: BLE001 - every error is one line; --verbose adds the traceback
+            if args.verbose:
+                traceback.print_exc()
+            print(f"optuna-quant: error: {_one_line(err)}", file=sys.stderr)
+            return 2
+
+
+def _one_line(err: Exception) -> str:
+    """The error as one line: a usage error's message, else its type and message, hinting at
+    ``--verbose`` for the traceback."""
+    message = " ".join(str(err).split())
+    if isinstance(err, UsageError):
+        return message
+    return f"{type(err).__name__}: {message} (--verbose shows the traceback)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,20 +102,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    verbose_help = "show Optuna's per-trial lines, onnxruntime's warnings and the traceback of an error"
     parser = _Parser(
         prog="optuna-quant", description="Tune post-training int8 quantization of ONNX models with Optuna."
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    # --verbose also after the command; SUPPRESS keeps a flag given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], summary: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=summary, description=summary)
+        sub = commands.add_parser(name, help=summary, description=summary, parents=[common])
         sub.set_defaults(command=run)
         return sub
 
-    command("tune", _tune, "Run the study that CONFIG describes.").add_argument("config", metavar="CONFIG")
-    command("worker", _worker, "Join the existing study of CONFIG (same storage).").add_argument(
+    command("probe", _probe, "Measure fp32 and the reference int8 model; suggest targets. Stores nothing.").add_argument(
         "config", metavar="CONFIG"
     )
+    for name, run, summary in (
+        ("tune", _tune, "Run the study that CONFIG describes."),
+        ("worker", _worker, "Join the existing study of CONFIG (same storage)."),
+    ):
+        sub = command(name, run, summary)
+        sub.add_argument("config", metavar="CONFIG")
+        sub.add_argument("--no-progress", action="store_true", help="no progress bar")
     best = command("best", _best, "Rebuild the stored best model, print it and export it.")
     best.add_argument("config", metavar="CONFIG")
     best.add_argument("--export", metavar="PATH", help="the int8 model's path (default: the config's export)")
@@ -133,12 +175,17 @@ def _require_study(config: RunConfig) -> optuna.Study:
         raise missing from err
 
 
-def _run(config: RunConfig, study: QuantStudy) -> int:
+def _run(config: RunConfig, study: QuantStudy, progress: bool) -> int:
     max_trials, max_minutes = config.get("max_trials"), config.get("max_minutes")
-    if max_trials is None and max_minutes is None:
-        raise UsageError(f"{config.path}: give max_trials or max_minutes (or both).")
+    figures = DashboardFigures()
     try:
-        best = study.optimize(n_trials=max_trials, timeout=None if max_minutes is None else max_minutes * 60)
+        with logs.quiet_onnxruntime(hint=_VERBOSE_HINT):
+            best = study.optimize(
+                n_trials=max_trials,
+                timeout=None if max_minutes is None else max_minutes * 60,
+                show_progress_bar=progress,
+                callbacks=[figures],
+            )
     except ValueError as err:
         # The objective refuses a study made for another model, space or targets.
         raise UsageError(f"{config.path}: {err}") from err
@@ -153,20 +200,49 @@ def _run(config: RunConfig, study: QuantStudy) -> int:
     return 0
 
 
-def _tune(args: argparse.Namespace) -> int:
+def _checked_run_config(path: str) -> RunConfig:
+    """The config of ``tune`` or ``worker``, checked before anything stored is touched."""
+    config = _config(path)
+    try:
+        config.check_run()
+    except ConfigError as err:
+        raise UsageError(str(err)) from err
+    return config
+
+
+def _probe(args: argparse.Namespace) -> int:
     config = _config(args.config)
+    try:
+        kwargs = config.measure_kwargs()
+    except ConfigError as err:
+        raise UsageError(str(err)) from err
+    try:
+        with logs.quiet_onnxruntime(hint=_VERBOSE_HINT):
+            report = probe(**kwargs)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        raise UsageError(f"{config.path}: {err}") from err
+    print(report.report())
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    config = _checked_run_config(args.config)
     study = _study(config)
-    code = _run(config, study)
+    if SCALING_KEY not in study.user_attrs:  # a new study: say what to expect before its first trial
+        with logs.quiet_onnxruntime(hint=_VERBOSE_HINT):
+            report = run_probe(study.objective, study.user_attrs.get(SENSITIVITY_KEY))
+        print(report.report(), flush=True)
+    code = _run(config, study, progress=not args.no_progress)
     if code == 0:
         print(f"Watch the study: optuna-quant dashboard {args.config}")
     return code
 
 
 def _worker(args: argparse.Namespace) -> int:
-    config = _config(args.config)
+    config = _checked_run_config(args.config)
     _require_study(config)
     # The config's study, a fine-tune one included: warm_start takes the space it stored.
-    return _run(config, _study(config, "warm_start"))
+    return _run(config, _study(config, "warm_start"), progress=not args.no_progress)
 
 
 def _best(args: argparse.Namespace) -> int:
@@ -174,6 +250,7 @@ def _best(args: argparse.Namespace) -> int:
     path = args.export or config.get("export")
     if not path:
         raise UsageError(f"{config.path}: give --export PATH or 'export' in the config.")
+    _check_writable(path, "--export" if args.export else f"{config.path}: export")
     _require_study(config)
     study = _study(config, "eval")
     best = study.best_result
@@ -205,6 +282,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     config = _config(args.config)
+    _check_writable(args.out, "--out")
     study = _require_study(config)
     try:
         path = write_report(study, args.out)
@@ -212,6 +290,12 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(f"{config.path}: {err}") from err
     print(f"Wrote the report of study {study.study_name!r} to {path}")
     return 0
+
+
+def _check_writable(path: str, what: str) -> None:
+    problem = unwritable(path)
+    if problem is not None:
+        raise UsageError(f"{what}: cannot write {path}: {problem}.")
 
 
 def _print_best(best: BestResult) -> None:

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 import re
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,14 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _positive_integer(value: Any) -> bool:
+    return _integer(value) and value > 0
+
+
+def _positive(value: Any) -> bool:
+    return _number(value) and value > 0
+
+
 def _string(value: Any) -> bool:
     return isinstance(value, str)
 
@@ -78,15 +87,15 @@ def _eval_data(value: Any) -> bool:
 
 # Each key with the check of its value and what the check expects, for the error message.
 KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_trials": (_integer, "an integer"),
-    "max_minutes": (_number, "a number"),
+    "max_trials": (_positive_integer, "a positive integer"),
+    "max_minutes": (_positive, "a positive number"),
     "trials_load_method": (lambda v: v in TRIALS_LOAD_METHODS, f"one of {', '.join(TRIALS_LOAD_METHODS)}"),
     "accuracy_loss": (_number, "a number (percent)"),
     "latency_reduce": (_number, "a number"),
     "accuracy_weight": (_number, "a number"),
     "latency_weight": (_number, "a number"),
     "stop_on_target": (lambda v: isinstance(v, bool), "true or false"),
-    "eval_subset_size": (_integer, "an integer"),
+    "eval_subset_size": (_positive_integer, "a positive integer"),
     "metrics": (_metrics, "a number or a list of {name, baseline_value}"),
     "benchmark": (lambda v: isinstance(v, Mapping), "a mapping of benchmark settings"),
     "model": (_string, "a file path or an entry point module:function"),
@@ -106,7 +115,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 # Keys passed to create_study unchanged when given.
 _STUDY_KEYS = (
     "accuracy_loss", "latency_reduce", "accuracy_weight", "latency_weight", "stop_on_target",
-    "eval_subset_size", "sampler", "seed", "scopes", "nodes", "objective_mode", "artifact_dir",
+    "sampler", "seed", "scopes", "nodes", "objective_mode", "artifact_dir",
 )
 DEFAULT_STUDY_NAME: str = inspect.signature(create_study).parameters["study_name"].default
 
@@ -151,11 +160,32 @@ class RunConfig:
         """A :class:`ConfigError` whose message starts with the file."""
         return _error(self.path, message)
 
-    def study_kwargs(self, trials_load_method: str | None = None) -> dict[str, Any]:
-        """Keyword arguments of :func:`optuna_quant.create_study`: model and data loaded.
+    def check_run(self) -> None:
+        """Check what ``tune`` and ``worker`` need beyond the keys' types, before anything is stored:
+        a budget (``max_trials`` or ``max_minutes``) and writable ``export`` and ``artifact_dir``.
 
-        Args:
-            trials_load_method: Overrides the file's ``trials_load_method``.
+        Raises:
+            ConfigError: Naming the file, the key and the problem.
+        """
+        if self.get("max_trials") is None and self.get("max_minutes") is None:
+            raise self.error("give max_trials or max_minutes (or both).")
+        if self.get("export"):
+            self.check_writable("export", self.get("export"))
+        self.check_writable("artifact_dir", self.artifact_dir(self.storage), folder=True)
+
+    def check_writable(self, key: str, path: str | Path, folder: bool = False) -> None:
+        """Check that the file (or ``folder``) ``path`` can be written, without creating it.
+
+        Raises:
+            ConfigError: If it cannot be, naming ``key``, the path and why.
+        """
+        problem = unwritable(path, folder)
+        if problem is not None:
+            raise self.error(f"{key}: cannot write {path}: {problem}.")
+
+    def measure_kwargs(self) -> dict[str, Any]:
+        """The model, data and measuring settings: what :func:`optuna_quant.probe.probe` takes,
+        and :meth:`study_kwargs` adds the study to. Nothing is stored or opened.
 
         Raises:
             ConfigError: For a missing key, a missing file or an entry point that does not import.
@@ -165,23 +195,34 @@ class RunConfig:
                 raise self.error(f"{key!r} is missing.")
         if ("eval_data" in self.values) == ("eval_fn" in self.values):
             raise self.error("give exactly one of 'eval_data' and 'eval_fn'.")
-        method = trials_load_method or self.get("trials_load_method", "cold_start")
-        # create_study adds the fine-tune suffix itself; other methods act on the study as named.
-        name = self.get("study_name", DEFAULT_STUDY_NAME) if method == "fine_tune" else self.study_name
-        kwargs: dict[str, Any] = {key: self.values[key] for key in _STUDY_KEYS if key in self.values}
-        kwargs.update(
-            model=self._model(),
-            calibration_data=self._calibration_data(),
-            storage=self.storage,
-            study_name=name,
-            trials_load_method=method,
-            benchmark=self.get("benchmark"),
-            metrics=self.get("metrics"),
-        )
+        kwargs: dict[str, Any] = {
+            "model": self._model(),
+            "calibration_data": self._calibration_data(),
+            "benchmark": self.get("benchmark"),
+            "metrics": self.get("metrics"),
+        }
+        if "eval_subset_size" in self.values:
+            kwargs["eval_subset_size"] = self.values["eval_subset_size"]
         if "eval_fn" in self.values:
             kwargs["eval_fn"] = self._entry_point("eval_fn", self.values["eval_fn"])
         else:
             kwargs["eval_data"] = self._eval_data()
+        return kwargs
+
+    def study_kwargs(self, trials_load_method: str | None = None) -> dict[str, Any]:
+        """Keyword arguments of :func:`optuna_quant.create_study`: model and data loaded.
+
+        Args:
+            trials_load_method: Overrides the file's ``trials_load_method``.
+
+        Raises:
+            ConfigError: For a missing key, a missing file or an entry point that does not import.
+        """
+        method = trials_load_method or self.get("trials_load_method", "cold_start")
+        # create_study adds the fine-tune suffix itself; other methods act on the study as named.
+        name = self.get("study_name", DEFAULT_STUDY_NAME) if method == "fine_tune" else self.study_name
+        kwargs: dict[str, Any] = {key: self.values[key] for key in _STUDY_KEYS if key in self.values}
+        kwargs.update(self.measure_kwargs(), storage=self.storage, study_name=name, trials_load_method=method)
         return kwargs
 
     def _model(self) -> Any:
@@ -283,6 +324,40 @@ def load_config(path: str | Path) -> RunConfig:
         if not check(value):
             raise _error(path, f"{key!r} must be {expected}, got {value!r} ({type(value).__name__}).")
     return RunConfig(path, _normalised(path, data))
+
+
+def unwritable(path: str | Path, folder: bool = False) -> str | None:
+    """Why the file (or ``folder``) ``path`` cannot be written, or ``None`` when it can.
+
+    Nothing is created: an existing file is opened for appending, which changes nothing; else a
+    temporary file is made and removed in the nearest folder that exists, where the missing
+    folders would be made. A test file, not ``os.access``, as the superuser passes every
+    ``os.access`` check even on a read-only file system.
+
+    Example:
+        >>> unwritable("/proc/version/model.onnx")
+        '/proc/version is a file, not a folder'
+    """
+    path = Path(path).expanduser().absolute()
+    if path.exists():
+        if path.is_dir() != folder:
+            return f"{path} is {'a folder' if path.is_dir() else 'a file'}, not a {'folder' if folder else 'file'}"
+        if not folder:
+            try:
+                with path.open("ab"):
+                    return None
+            except OSError as err:
+                return err.strerror or str(err)
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".optuna-quant-write-check-"):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 def _error(path: Path, message: str) -> ConfigError:

@@ -1,6 +1,12 @@
-"""optuna-dashboard on a study's storage: the live view of a run.
+"""optuna-dashboard on a study's storage: the live view of a run, with the study's own figures.
+
+:class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
+:mod:`optuna_quant.figures` in the study after every trial, where optuna-dashboard shows them on
+the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
+``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
 
 Example:
+    >>> study.optimize(n_trials=40, callbacks=[DashboardFigures()])             # doctest: +SKIP
     >>> study_url("sqlite:///demo.db", "mnist-cnn-int8", "127.0.0.1", 8080)   # doctest: +SKIP
     'http://127.0.0.1:8080/dashboard/studies/1'
     >>> serve("sqlite:///demo.db", port=8080)                                 # doctest: +SKIP
@@ -9,10 +15,14 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+import time
 
+import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
 
+from optuna_quant.figures import study_figures
 from optuna_quant.storage import open_storage
 
 DEFAULT_HOST = "127.0.0.1"
@@ -51,3 +61,42 @@ def serve(
 
     store = None if artifact_dir is None else FileSystemArtifactStore(artifact_dir)
     run_server(storage, host=host, port=port, artifact_store=store)
+
+
+def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> list[str]:
+    """Store the figures of :func:`optuna_quant.figures.study_figures` in ``study`` for
+    optuna-dashboard, each under its stable id (a later call replaces them); return the ids.
+
+    Args:
+        study: The study.
+        stored: The figures' JSON as last stored, by id: an unchanged figure (the sensitivity,
+            mostly) is not written again. Updated in place.
+    """
+    from optuna_dashboard import save_plotly_graph_object
+
+    stored = {} if stored is None else stored
+    figures = study_figures(study)
+    for figure_id, figure in figures.items():
+        text = figure.to_json()
+        if stored.get(figure_id) != text:
+            save_plotly_graph_object(study, figure, graph_object_id=figure_id)
+            stored[figure_id] = text
+    return list(figures)
+
+
+class DashboardFigures:
+    """An ``optimize`` callback: after every trial, the study's figures are stored again for
+    optuna-dashboard (those that changed).
+
+    Attributes:
+        seconds: Time spent storing figures, per call, for a run's cost report.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._stored: dict[str, str] = {}
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        start = time.perf_counter()
+        save_figures(study, self._stored)
+        self.seconds.append(time.perf_counter() - start)

@@ -1,37 +1,59 @@
 """The search space read from an ONNX graph: which nodes fall back to fp32, and how to quantize.
 
-Four tuning scopes, named as in OpenVINO POT, each one switchable:
+Five tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
 
 - ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback);
 - ``range_estimator``: the activation calibration method;
 - ``granularity``: weights per-channel or per-tensor;
-- ``mode``: activations and weights symmetric or asymmetric.
+- ``mode``: two parameters, ``activation_mode`` and ``weight_mode``, each symmetric or
+  asymmetric. Asymmetric activations are uint8; symmetric ones are int8 (symmetric uint8 would
+  force zero point 128 and waste half the range after a ReLU). Weights are int8 either way, with
+  zero point 0 when symmetric (uint8 weights ran at half the speed on the demo model);
+- ``op_types``: which operator types get Q/DQ (:data:`OP_TYPE_SETS`): only the compute-heavy
+  ones, onnxruntime's QDQ registry, or everything ``quantize_static`` quantizes by default.
 
-Parameters are flat categoricals whose first choice is the default, so that the default
-configuration (every node int8, first choice of every other scope) is the reference trial of the
-loss. Scopes that are switched off keep the value of the space's ``base`` configuration, which is
-how ``fine_tune`` narrows a space around an earlier best result.
+Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
+recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
+compute-heavy operators only), so that the default configuration (every node int8, first choice
+of every other scope) is the reference trial of the loss. Scopes that are switched off keep the
+value of the space's ``base`` configuration, which is how ``fine_tune`` narrows a space around an
+earlier best result.
 
 Example:
     >>> space = SearchSpace(nodes=("conv1", "fc"), scopes=frozenset({"layer", "granularity"}))
     >>> sorted(space.distributions())
     ['granularity', 'layer:conv1', 'layer:fc']
-    >>> space.to_config({"layer:conv1": "fp32", "layer:fc": "int8", "granularity": "per_tensor"})
-    QuantConfig(fallback=frozenset({'conv1'}), range_estimator='minmax', per_channel=False, symmetric=True)
+    >>> config = space.to_config({"layer:conv1": "fp32", "layer:fc": "int8", "granularity": "per_tensor"})
+    >>> config.fallback, config.per_channel, config.activation_symmetric, config.weight_symmetric
+    (frozenset({'conv1'}), False, False, True)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
+from onnxruntime.quantization.registry import QDQRegistry
+from onnxruntime.quantization.registry import QLinearOpsRegistry
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import BaseTrial
 
-SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode")
+SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types")
 QUANTIZABLE_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+OP_TYPE_SETS: dict[str, tuple[str, ...]] = {
+    # The reference: Q/DQ around the operators with fast int8 kernels, and the Relu/Clip that
+    # onnxruntime folds into their output's range (left out, each would sit in fp32 between a
+    # DequantizeLinear and a QuantizeLinear). Q/DQ around an operator without an int8 kernel
+    # (HardSwish, Mul, an unfolded BatchNorm) adds conversions and no speed; docs/models.md has
+    # the measurements that put this choice first.
+    "compute": (*QUANTIZABLE_OP_TYPES, "Relu", "Clip"),
+    # onnxruntime's QDQ registry: also Relu/Clip (removed when fused), pooling, data movement.
+    "qdq": tuple(sorted(QDQRegistry)),
+    # quantize_static's default: the QDQ registry plus Add, Mul, Concat, Sigmoid, Softmax, ...
+    "all": tuple(sorted(set(QDQRegistry) | set(QLinearOpsRegistry))),
+}
 RANGE_ESTIMATORS: tuple[str, ...] = (
     "minmax",
     "entropy",
@@ -40,37 +62,85 @@ RANGE_ESTIMATORS: tuple[str, ...] = (
     "percentile_99.999",
 )
 GRANULARITIES: tuple[str, ...] = ("per_channel", "per_tensor")
-MODES: tuple[str, ...] = ("symmetric", "asymmetric")
+ACTIVATION_MODES: tuple[str, ...] = ("asymmetric", "symmetric")
+WEIGHT_MODES: tuple[str, ...] = ("symmetric", "asymmetric")
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
 LAYER_PREFIX = "layer:"
+_CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """One quantization configuration.
+    """One quantization configuration; the defaults are the reference recipe.
 
     Attributes:
         fallback: Names of the quantizable nodes kept in fp32.
         range_estimator: One of :data:`RANGE_ESTIMATORS`.
         per_channel: Per-channel weight scales (else one scale per tensor).
-        symmetric: Symmetric activation and weight ranges (else asymmetric).
+        activation_symmetric: Symmetric int8 activations (else asymmetric uint8).
+        weight_symmetric: Symmetric int8 weights (else int8 with a zero point).
+        op_types: The operator types that get Q/DQ: a key of :data:`OP_TYPE_SETS`.
     """
 
     fallback: frozenset[str] = frozenset()
     range_estimator: str = RANGE_ESTIMATORS[0]
     per_channel: bool = GRANULARITIES[0] == "per_channel"
-    symmetric: bool = MODES[0] == "symmetric"
+    activation_symmetric: bool = ACTIVATION_MODES[0] == "symmetric"
+    weight_symmetric: bool = WEIGHT_MODES[0] == "symmetric"
+    op_types: str = next(iter(OP_TYPE_SETS))
 
     def __post_init__(self) -> None:
         if self.range_estimator not in RANGE_ESTIMATORS:
             raise ValueError(
                 f"Unknown range_estimator {self.range_estimator!r}; choose from {RANGE_ESTIMATORS}."
             )
+        if self.op_types not in OP_TYPE_SETS:
+            raise ValueError(f"Unknown op_types {self.op_types!r}; choose from {tuple(OP_TYPE_SETS)}.")
 
 
 def quantizable_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
     """Names of the graph's Conv, ConvTranspose, MatMul and Gemm nodes, in graph order."""
     return tuple(n.name for n in model.graph.node if n.op_type in QUANTIZABLE_OP_TYPES)
+
+
+def _subgraph_nodes(graph: onnx.GraphProto, path: str) -> Iterator[tuple[str, onnx.NodeProto]]:
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                where = f"{path}{node.name or node.op_type}/{attr.name}/"
+                for inner in sub.node:
+                    yield where, inner
+                yield from _subgraph_nodes(sub, where)
+
+
+def subgraph_quantizable_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Quantizable nodes inside ``If``/``Loop``/``Scan`` bodies, as ``"<parent>/<attr>/<node>"``.
+
+    onnxruntime's calibrators and its QDQ quantizer see the top-level graph only, so these nodes
+    stay fp32 whatever the configuration.
+    """
+    return tuple(
+        where + (node.name or node.op_type)
+        for where, node in _subgraph_nodes(model.graph, "")
+        if node.op_type in QUANTIZABLE_OP_TYPES
+    )
+
+
+def op_type_choices(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The :data:`OP_TYPE_SETS` keys that make a difference on ``model``, reference first.
+
+    A choice whose operator types present in the graph equal an earlier choice's is dropped:
+    it would build the same models.
+    """
+    present = {n.op_type for n in model.graph.node}
+    seen: list[frozenset[str]] = []
+    choices = []
+    for name, op_types in OP_TYPE_SETS.items():
+        effective = frozenset(op_types) & present
+        if effective not in seen:
+            seen.append(effective)
+            choices.append(name)
+    return tuple(choices)
 
 
 @dataclass(frozen=True)
@@ -81,11 +151,13 @@ class SearchSpace:
         nodes: Quantizable nodes that the ``layer`` scope may keep in fp32.
         scopes: The tuning scopes that vary; the others keep ``base``'s values.
         base: The configuration that switched-off scopes take their values from.
+        op_types: The choices of the ``op_types`` scope (keys of :data:`OP_TYPE_SETS`).
     """
 
     nodes: tuple[str, ...]
     scopes: frozenset[str] = frozenset(SCOPES)
     base: QuantConfig = field(default_factory=QuantConfig)
+    op_types: tuple[str, ...] = tuple(OP_TYPE_SETS)
 
     def __post_init__(self) -> None:
         unknown = set(self.scopes) - set(SCOPES)
@@ -95,6 +167,9 @@ class SearchSpace:
             raise ValueError("At least one tuning scope must be switched on.")
         if "layer" in self.scopes and not self.nodes:
             raise ValueError("The 'layer' scope is on but no node is tunable.")
+        foreign = [name for name in self.op_types if name not in OP_TYPE_SETS]
+        if foreign or not self.op_types:
+            raise ValueError(f"op_types choices {list(self.op_types)} must be keys of {tuple(OP_TYPE_SETS)}.")
 
     @classmethod
     def from_model(
@@ -105,14 +180,26 @@ class SearchSpace:
     ) -> SearchSpace:
         """The space of ``model``: every quantizable node, or only ``nodes``.
 
+        Build it from the model that is quantized (the prepared one, see
+        :func:`optuna_quant.prepare.prepare_model`): preparation renames and removes nodes.
+
         Raises:
-            ValueError: If the model has no quantizable node, or ``nodes`` names a node that is
-                not a quantizable node of the model.
+            ValueError: If the model has no quantizable node in its top-level graph (the message
+                names those inside ``If``/``Loop``/``Scan`` bodies), or ``nodes`` names a node that
+                is not a quantizable node of the model.
         """
         available = quantizable_nodes(model)
         if not available:
+            inside = subgraph_quantizable_nodes(model)
+            where = (
+                f"; {len(inside)} sit inside If/Loop/Scan bodies ({', '.join(inside[:5])}"
+                f"{', ...' if len(inside) > 5 else ''}), which onnxruntime's quantizer does not reach"
+                if inside
+                else ""
+            )
             raise ValueError(
-                f"The model has no quantizable node (op types {', '.join(QUANTIZABLE_OP_TYPES)})."
+                f"The model has no quantizable node (op types {', '.join(QUANTIZABLE_OP_TYPES)}) "
+                f"in its top-level graph{where}."
             )
         if nodes is None:
             chosen = available
@@ -124,7 +211,7 @@ class SearchSpace:
                     f"Node(s) {missing} are not quantizable nodes of the model; "
                     f"quantizable nodes are {list(available)}."
                 )
-        return cls(nodes=chosen, scopes=frozenset(scopes))
+        return cls(nodes=chosen, scopes=frozenset(scopes), op_types=op_type_choices(model))
 
     def distributions(self) -> dict[str, CategoricalDistribution]:
         """The Optuna distributions of the space, by parameter name."""
@@ -137,7 +224,10 @@ class SearchSpace:
         if "granularity" in self.scopes:
             dists["granularity"] = CategoricalDistribution(GRANULARITIES)
         if "mode" in self.scopes:
-            dists["mode"] = CategoricalDistribution(MODES)
+            dists["activation_mode"] = CategoricalDistribution(ACTIVATION_MODES)
+            dists["weight_mode"] = CategoricalDistribution(WEIGHT_MODES)
+        if "op_types" in self.scopes:
+            dists["op_types"] = CategoricalDistribution(self.op_types)
         return dists
 
     def suggest(self, trial: BaseTrial) -> dict[str, Any]:
@@ -171,7 +261,13 @@ class SearchSpace:
         if "granularity" in self.scopes:
             config = replace(config, per_channel=params["granularity"] == "per_channel")
         if "mode" in self.scopes:
-            config = replace(config, symmetric=params["mode"] == "symmetric")
+            config = replace(
+                config,
+                activation_symmetric=params["activation_mode"] == "symmetric",
+                weight_symmetric=params["weight_mode"] == "symmetric",
+            )
+        if "op_types" in self.scopes:
+            config = replace(config, op_types=params["op_types"])
         return config
 
     def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
@@ -183,11 +279,14 @@ class SearchSpace:
         return {
             "nodes": list(self.nodes),
             "scopes": sorted(self.scopes),
+            "op_types": list(self.op_types),
             "base": {
                 "fallback": sorted(self.base.fallback),
                 "range_estimator": self.base.range_estimator,
                 "per_channel": self.base.per_channel,
-                "symmetric": self.base.symmetric,
+                "activation_symmetric": self.base.activation_symmetric,
+                "weight_symmetric": self.base.weight_symmetric,
+                "op_types": self.base.op_types,
             },
         }
 
@@ -196,4 +295,9 @@ class SearchSpace:
         """The space stored by :meth:`to_dict`."""
         base = dict(data["base"])
         base["fallback"] = frozenset(base["fallback"])
-        return cls(nodes=tuple(data["nodes"]), scopes=frozenset(data["scopes"]), base=QuantConfig(**base))
+        return cls(
+            nodes=tuple(data["nodes"]),
+            scopes=frozenset(data["scopes"]),
+            base=QuantConfig(**base),
+            op_types=tuple(data["op_types"]),
+        )

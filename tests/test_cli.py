@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
+import yaml
 
 from conftest import assert_int8_layers
 from conftest import load_project_study
@@ -25,10 +27,16 @@ from optuna_quant.results import best_trial
 CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
 
 
-def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run_cli(*args: str, cwd: Path, merged: bool = False) -> subprocess.CompletedProcess[str]:
+    """The console script run with ``args``; ``merged``: stderr into stdout, in the order a terminal shows."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if merged else {"capture_output": True}
     return subprocess.run(
-        [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=300
+        [str(CONSOLE_SCRIPT), *args], cwd=cwd, env=subprocess_env(), text=True, timeout=300, **streams
     )
+
+
+PROGRESS_BAR = re.compile(r"\d+/\d+ \[\d\d:\d\d")
+"""tqdm's bar: trials done of the total, then the time elapsed."""
 
 
 def _best(study: optuna.Study) -> optuna.trial.FrozenTrial:
@@ -197,4 +205,84 @@ def test_report_command(tuned, tmp_path, capsys) -> None:
     assert main(["report", str(tuned), "--out", str(out)]) == 0
     assert f"to {out}" in capsys.readouterr().out
     text = out.read_text()
-    assert text.count('src="data:image/png;base64,') == 2 and "layer:conv1" in text
+    assert text.count("Plotly.newPlot(") == 3 and "layer:conv1" in text
+
+
+def test_probe_prints_the_summary_and_touches_no_storage(tmp_path, cnn, calib, agreement, capsys) -> None:
+    config = write_project(tmp_path, cnn, calib, agreement)
+    assert main(["probe", str(config)]) == 0
+    out = capsys.readouterr().out
+    for part in ("fp32 model:", "reference int8:", "int8 on this CPU:", "Suggested targets", "latency_reduce: "):
+        assert part in out
+    assert not (tmp_path / "study.db").exists()
+    assert main(["tune", str(config), "--no-progress"]) == 0
+    stored = (tmp_path / "study.db").read_bytes()
+    assert main(["probe", str(config)]) == 0
+    assert (tmp_path / "study.db").read_bytes() == stored
+
+
+def test_tune_prints_the_probe_first_then_a_progress_bar_without_optunas_lines(tmp_path, cnn, calib, agreement) -> None:
+    config = write_project(tmp_path, cnn, calib, agreement)
+    done = _run_cli("tune", str(config), cwd=tmp_path, merged=True)
+    assert done.returncode == 0, done.stdout
+    out = done.stdout
+    assert out.index("Suggested targets") < out.index("Reference (default configuration)")
+    assert PROGRESS_BAR.search(out) and "3/3 [" in out
+    assert "finished with value" not in out  # Optuna's per-trial line: only with --verbose
+    assert "Trial iteration start: 3 / 3" in out
+    more = write_project(tmp_path, cnn, calib, agreement, max_trials=4)
+    joined = _run_cli("worker", str(more), "--no-progress", "--verbose", cwd=tmp_path, merged=True)
+    assert joined.returncode == 0, joined.stdout
+    assert not PROGRESS_BAR.search(joined.stdout)
+    assert "Trial 3 finished with value" in joined.stdout
+
+
+def test_any_error_is_one_line_and_verbose_adds_the_traceback(tmp_path, cnn, calib, agreement) -> None:
+    config = write_project(tmp_path, cnn, calib, agreement, eval_data=None, eval_fn="failing:evaluate")
+    config.write_text(config.read_text().replace("eval_data: null\n", ""))
+    (tmp_path / "failing.py").write_text("def evaluate(session):\n    raise OSError('labels.npy is gone')\n")
+    message = (
+        "optuna-quant: error: RuntimeError: eval_fn raised on the fp32 model: OSError('labels.npy is gone') "
+        "(--verbose shows the traceback)"
+    )
+    for args in (["tune", str(config)], ["probe", str(config)]):
+        done = _run_cli(*args, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [message]
+    verbose = _run_cli("--verbose", "probe", str(config), cwd=tmp_path)
+    assert verbose.returncode == 2
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert verbose.stderr.strip().splitlines()[-1] == message
+
+
+def test_a_bad_run_config_never_touches_the_stored_study(tuned, capsys) -> None:
+    folder = tuned.parent
+    stored = [(t.number, t.state, t.values) for t in load_project_study(folder).trials]
+    base = yaml.safe_load(tuned.read_text())
+    assert base.get("trials_load_method", "cold_start") == "cold_start"  # which deletes a stored study
+    cases = [
+        ({k: v for k, v in base.items() if k != "max_trials"}, "give max_trials or max_minutes (or both)."),
+        ({**base, "max_trials": -5}, "'max_trials' must be a positive integer, got -5 (int)."),
+        ({**base, "max_minutes": 0}, "'max_minutes' must be a positive number, got 0 (int)."),
+        ({**base, "export": "run.yaml/best.onnx"}, f"export: cannot write {folder}/run.yaml/best.onnx: "
+                                                   f"{folder}/run.yaml is a file, not a folder."),
+        ({**base, "artifact_dir": "run.yaml"}, f"artifact_dir: cannot write {folder}/run.yaml: "
+                                               f"{folder}/run.yaml is a file, not a folder."),
+    ]
+    bad = folder / "bad.yaml"
+    for values, message in cases:
+        bad.write_text(yaml.safe_dump(values))
+        for command in ("tune", "worker"):
+            assert main([command, str(bad)]) == 2
+            assert capsys.readouterr().err == f"optuna-quant: error: {bad}: {message}\n"
+            assert [(t.number, t.state, t.values) for t in load_project_study(folder).trials] == stored
+
+
+def test_best_and_report_check_their_output_before_writing(tuned, capsys) -> None:
+    target = tuned / "best.onnx"  # beneath the config file itself
+    assert main(["best", str(tuned), "--export", str(target)]) == 2
+    assert capsys.readouterr().err == (
+        f"optuna-quant: error: --export: cannot write {target}: {tuned} is a file, not a folder.\n"
+    )
+    assert main(["report", str(tuned), "--out", str(tuned.parent)]) == 2
+    assert f"--out: cannot write {tuned.parent}: {tuned.parent} is a folder, not a file." in capsys.readouterr().err

@@ -12,6 +12,7 @@ import yaml
 
 from optuna_quant.config import ConfigError
 from optuna_quant.config import load_config
+from optuna_quant.config import unwritable
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.storage import sqlite_file
 
@@ -33,8 +34,13 @@ def test_unknown_key_names_key_file_and_closest(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("max_trials", "ten", "an integer"),
-        ("max_trials", True, "an integer"),
+        ("max_trials", "ten", "a positive integer"),
+        ("max_trials", True, "a positive integer"),
+        ("max_trials", -5, "a positive integer"),
+        ("max_trials", 0, "a positive integer"),
+        ("max_minutes", 0, "a positive number"),
+        ("max_minutes", -1.5, "a positive number"),
+        ("eval_subset_size", 0, "a positive integer"),
         ("accuracy_loss", "1%", "a number"),
         ("stop_on_target", "yes", "true or false"),
         ("scopes", "layer", "a list of scope names"),
@@ -161,3 +167,32 @@ def test_json_and_unreadable_files(tmp_path) -> None:
         load_config(_write(tmp_path, [1, 2]))
     with pytest.raises(ConfigError, match="config file does not exist"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_a_run_needs_a_budget_and_writable_outputs(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"run\.yaml: give max_trials or max_minutes \(or both\)\."):
+        load_config(_write(tmp_path, {"export": "out/best.onnx"})).check_run()
+    load_config(_write(tmp_path, {"max_minutes": 0.5, "export": "out/deeper/best.onnx"})).check_run()
+    assert not (tmp_path / "out").exists()  # checked, not created
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(ConfigError, match=rf"run\.yaml: export: cannot write {tmp_path}/taken/best\.onnx: "
+                                          rf"{tmp_path}/taken is a file, not a folder\."):
+        load_config(_write(tmp_path, {"max_trials": 3, "export": "taken/best.onnx"})).check_run()
+    with pytest.raises(ConfigError, match=r"artifact_dir: cannot write .*taken: .*taken is a file, not a folder"):
+        load_config(_write(tmp_path, {"max_trials": 3, "artifact_dir": "taken"})).check_run()
+    # The default artifact store, beside the SQLite file.
+    with pytest.raises(ConfigError, match=r"artifact_dir: cannot write .*taken/s-artifacts"):
+        load_config(_write(tmp_path, {"max_trials": 3, "storage": "sqlite:///taken/s.db"})).check_run()
+
+
+def test_unwritable_says_why_without_creating_anything(tmp_path) -> None:
+    assert unwritable(tmp_path / "a" / "b" / "model.onnx") is None
+    assert unwritable(tmp_path / "a" / "store", folder=True) is None
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "model.onnx"
+    existing.write_bytes(b"old")
+    assert unwritable(existing) is None and existing.read_bytes() == b"old"
+    assert unwritable(tmp_path) == f"{tmp_path} is a folder, not a file"
+    assert unwritable(existing, folder=True) == f"{existing} is a file, not a folder"
+    # A file system that refuses writes even to the superuser.
+    assert unwritable("/proc/self/model.onnx") is not None

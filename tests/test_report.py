@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 
 import numpy as np
@@ -10,7 +9,8 @@ import optuna
 import pytest
 
 from optuna_quant.loss import Targets
-from optuna_quant.report import _running_best
+from optuna_quant.figures import running_best
+from optuna_quant.figures import SENSITIVITY_KEY
 from optuna_quant.report import render_report
 from optuna_quant.report import write_report
 from optuna_quant.results import best_trial
@@ -22,10 +22,13 @@ def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_m
     best = study.optimize(n_trials=3)
     path = write_report(study.study, tmp_path / "out" / "report.html")
     text = path.read_text()
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
-    assert len(images) == 2
-    assert all(base64.b64decode(image).startswith(b"\x89PNG") for image in images)
-    assert not re.search(r'(src|href)="https?:', text)  # nothing to fetch: it opens offline
+    # Plotly figures, plotly.js inlined once: nothing to fetch, it opens offline.
+    assert text.count("Plotly.newPlot(") == 3 and text.count("* plotly.js v") == 1
+    markup = re.sub(r"<script[^>]*>.*?</script>", "<script></script>", text, flags=re.S)
+    assert "<script></script>" in markup and not re.search(r'(src|href)="https?:', markup)
+    for figure_id in ("acc_loss-lat_diff", "pareto-front", "lat_diff-history"):
+        assert f'id="{figure_id}"' in text
+    assert "Accuracy loss against speed-up (green area: both targets met)" in text
     assert f"Best configuration (trial {best.number})" in text
     for name, value in best.params.items():
         assert f"<td>{name}</td><td>{value}</td>" in text
@@ -55,4 +58,13 @@ def test_running_best_is_the_best_of_every_prefix() -> None:
         trial.number = number
     targets = Targets(accuracy_loss=1.0)
     expected = [best_trial(trials[: i + 1], targets) for i in range(len(trials))]
-    assert [t.number for t in _running_best(trials, targets)] == [t.number for t in expected]
+    assert [t.number for t in running_best(trials, targets)] == [t.number for t in expected]
+
+
+def test_report_shows_the_sensitivity_the_study_holds(tmp_path, make_study) -> None:
+    study = make_study(accuracy_loss=50.0, study_name="sensitive")
+    study.optimize(n_trials=2)
+    # Written here for now: the study will store the sensitivity itself (optuna_quant.sensitivity).
+    study.study.set_user_attr(SENSITIVITY_KEY, {"conv2": {"acc_cost": 0.04, "time_saved_ms": 0.01}})
+    text = render_report(study.study)
+    assert text.count("Plotly.newPlot(") == 4 and 'id="layer-sensitivity"' in text and '"conv2"' in text

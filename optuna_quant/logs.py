@@ -1,0 +1,239 @@
+"""Logging of optuna-quant, after :mod:`optuna.logging`: one package handler, quiet by default.
+
+The package logger ``optuna_quant`` has its own handler and does not propagate to the root logger,
+so every line prints once whatever the application's logging set-up: onnxruntime's quantizer logs
+with the module-level ``logging.warning``, whose first call gives the root logger a handler
+(``logging.basicConfig``), and a propagating package logger would then print each line twice.
+An application that routes every record through its own root handlers calls
+:func:`enable_propagation` and :func:`disable_default_handler`, as with Optuna.
+
+onnxruntime's quantizer warns once per node ("Expected bias ... to be an initializer" and the
+like): :func:`quiet_onnxruntime` counts those records and logs one line instead, unless the
+package logger is at ``DEBUG`` (``optuna-quant --verbose``).
+
+Example:
+    >>> import logging
+    >>> from optuna_quant import logs
+    >>> logs.set_verbosity(logging.WARNING)          # doctest: +SKIP
+    >>> optuna.logging.set_verbosity(optuna.logging.WARNING)   # doctest: +SKIP
+
+The first line hides POT's per-trial lines, the second Optuna's "Trial ... finished" lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+import logging
+import os
+import sys
+import threading
+
+import onnxruntime
+from tqdm import tqdm
+
+_LIBRARY = "optuna_quant"
+_FORMAT = "%(levelname)s:%(name)s:%(message)s"
+_ONNXRUNTIME_DIR = os.path.dirname(onnxruntime.__file__) + os.sep
+_lock = threading.Lock()
+_default_handler: logging.Handler | None = None
+
+
+class _ProgressAwareHandler(logging.Handler):
+    """Writes to the current ``sys.stderr`` through ``tqdm.write``, above any progress bar.
+
+    ``tqdm.write`` clears a bar on the way, writes the line and draws the bar again, so log lines
+    and the bar never share a line. ``sys.stderr`` is looked up at each record, which follows a
+    redirected stream (and pytest's capture).
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - a handler must not raise (logging's own convention)
+            self.handleError(record)
+
+
+def _library_logger() -> logging.Logger:
+    return logging.getLogger(_LIBRARY)
+
+
+def configure() -> None:
+    """Give the package logger its handler (stderr, above progress bars) and stop propagation.
+
+    Idempotent; :func:`optuna_quant.create_study` and the command line call it. The level is set
+    to ``INFO`` (POT's log lines) unless the application set one.
+    """
+    global _default_handler
+    with _lock:
+        if _default_handler is not None:
+            return
+        _default_handler = _ProgressAwareHandler()
+        _default_handler.setFormatter(logging.Formatter(_FORMAT))
+        logger = _library_logger()
+        logger.addHandler(_default_handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def get_verbosity() -> int:
+    """The level of the package logger (``logging.INFO`` by default)."""
+    configure()
+    return _library_logger().getEffectiveLevel()
+
+
+def set_verbosity(level: int) -> None:
+    """Set the level of the package logger: ``logging.WARNING`` hides POT's per-trial lines,
+    ``logging.DEBUG`` also shows onnxruntime's quantization warnings."""
+    configure()
+    _library_logger().setLevel(level)
+
+
+def disable_default_handler() -> None:
+    """Remove the package handler (the application's handlers, if propagating, still print)."""
+    configure()
+    assert _default_handler is not None
+    _library_logger().removeHandler(_default_handler)
+
+
+def enable_default_handler() -> None:
+    """Add the package handler back."""
+    configure()
+    assert _default_handler is not None
+    _library_logger().addHandler(_default_handler)
+
+
+def disable_propagation() -> None:
+    """Stop package records from reaching the root logger's handlers (the default)."""
+    configure()
+    _library_logger().propagate = False
+
+
+def enable_propagation() -> None:
+    """Pass package records on to the root logger's handlers too (pytest's caplog, say).
+
+    Call :func:`disable_default_handler` as well, or each line prints twice.
+    """
+    configure()
+    _library_logger().propagate = True
+
+
+@dataclass
+class QuantizationWarnings:
+    """onnxruntime's quantization warnings held back by :func:`quiet_onnxruntime`.
+
+    Attributes:
+        count: How many warnings (``WARNING`` and above) onnxruntime logged.
+        example: The first one's message.
+        hint: What shows them, for the summary line.
+    """
+
+    count: int = 0
+    example: str | None = None
+    hint: str = "optuna_quant.logs.set_verbosity(logging.DEBUG) shows them"
+    _shown: bool = field(default=False, repr=False)
+
+    def summary(self) -> str | None:
+        """The one line that replaces the warnings, or ``None`` when there were none."""
+        if not self.count:
+            return None
+        plural = "" if self.count == 1 else "s"
+        return (
+            f"onnxruntime printed {self.count} quantization warning{plural} "
+            f"(e.g. {self.example}); {self.hint}."
+        )
+
+
+class _OnnxruntimeFilter(logging.Filter):
+    """On the root logger: holds back and counts the records onnxruntime logs there."""
+
+    def __init__(self, warnings: QuantizationWarnings) -> None:
+        super().__init__()
+        self.warnings = warnings
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.pathname.startswith(_ONNXRUNTIME_DIR):
+            return True
+        if record.levelno >= logging.WARNING:
+            if self.warnings.example is None:
+                self.warnings.example = record.getMessage()
+            self.warnings.count += 1
+        return False
+
+
+class _StandIn(logging.Handler):
+    """The handler ``logging.basicConfig`` would add (stderr, level WARNING), present only while
+    onnxruntime is quieted, so that its ``logging.warning`` finds a handler and configures none."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - a handler must not raise (logging's own convention)
+            self.handleError(record)
+
+
+@contextmanager
+def quiet_onnxruntime(hint: str | None = None) -> Iterator[QuantizationWarnings]:
+    """Hold back onnxruntime's quantization log records and log one summary line at the end.
+
+    Nothing is held back while the package logger is at ``DEBUG``. The root logger gets no
+    handler from onnxruntime meanwhile (its ``logging.warning`` would call ``basicConfig``).
+    Wrap it around a whole run, not each model: nested uses count in the outermost one.
+
+    Args:
+        hint: What shows the warnings, for the summary (the command line says ``--verbose``).
+
+    Example:
+        >>> with quiet_onnxruntime() as held:                 # doctest: +SKIP
+        ...     quantizer.quantize(config)
+        >>> held.count                                        # doctest: +SKIP
+        12
+    """
+    held = QuantizationWarnings() if hint is None else QuantizationWarnings(hint=hint)
+    if _library_logger().isEnabledFor(logging.DEBUG):
+        yield held
+        return
+    root = logging.getLogger()
+    stand_in = None if root.handlers else _StandIn()
+    quiet = _OnnxruntimeFilter(held)
+    root.addFilter(quiet)
+    if stand_in is not None:
+        root.addHandler(stand_in)
+    try:
+        yield held
+    finally:
+        root.removeFilter(quiet)
+        if stand_in is not None:
+            root.removeHandler(stand_in)
+        line = held.summary()
+        if line is not None:
+            _library_logger().warning(line)
+
+
+@contextmanager
+def restored() -> Iterator[None]:
+    """Put the package logger's and Optuna's logging back as they were on exit.
+
+    For an entry point called in-process (tests call ``optuna_quant.cli.main``): what it sets
+    for its run does not leak into the caller.
+    """
+    import optuna
+
+    global _default_handler
+    logger = _library_logger()
+    state = (list(logger.handlers), logger.level, logger.propagate, optuna.logging.get_verbosity())
+    handler = _default_handler
+    try:
+        yield
+    finally:
+        _default_handler = handler
+        logger.handlers[:] = state[0]
+        logger.setLevel(state[1])
+        logger.propagate = state[2]
+        optuna.logging.set_verbosity(state[3])
