@@ -1,0 +1,146 @@
+"""Quantization recipes that need no tuning, measured as the studies' trials are.
+
+- ``ort_default``: onnxruntime's ``quantize_static`` with its defaults, on the model as given;
+- ``ort_preprocessed``: the same after ``quant_pre_process`` (shape inference, graph optimization,
+  BatchNorm folding), retried without symbolic shape inference where that fails;
+- ``nncf``: NNCF's ``quantize_with_accuracy_control`` (ONNX backend, 1 % relative drop allowed),
+  which quantizes everything and then reverts layers ranked by their effect on the outputs until
+  the drop is met.
+
+Each int8 model is scored by the workload's ``eval_fn`` and timed against the model as given with
+``optuna_quant.latency.measure_latency`` (one thread, paired blocks).
+
+Example:
+    >>> workload = WORKLOADS["silero_vad"]()              # doctest: +SKIP
+    >>> measure(workload, ort_default(workload), SETTINGS)  # doctest: +SKIP
+    {'fp32_accuracy': 0.95, 'accuracy': 0.95, 'acc_loss': 0.0, 'lat_diff': 1.1, 'spread': 0.02}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import contextlib
+from pathlib import Path
+import tempfile
+from typing import Any
+
+import onnx
+from onnxruntime.quantization import CalibrationDataReader, quant_pre_process, quantize_static
+
+from benchmarks.real_models.base import Feed, Workload, session
+from optuna_quant.latency import BenchmarkSettings, measure_latency
+from optuna_quant.loss import relative_accuracy_loss
+
+
+COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, feeds: list[Feed]) -> None:
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> Feed | None:
+        return next(self._feeds, None)
+
+
+def _fp32_copy(workload: Workload) -> onnx.ModelProto:
+    """A copy of the fp32 model: onnxruntime's quantization tools move a ModelProto's weights
+    into external data in place, which would break every later use of the workload's model."""
+    model = onnx.ModelProto()
+    model.CopyFrom(workload.onnx_model())
+    return model
+
+
+def _quantize_static(model: Path, workload: Workload, folder: Path) -> onnx.ModelProto:
+    out = folder / "int8.onnx"
+    quantize_static(model, out, _Reader(workload.feeds()))
+    return onnx.load(str(out))
+
+
+def ort_default(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``quantize_static`` with onnxruntime's defaults, on the model as given."""
+    with tempfile.TemporaryDirectory() as folder:
+        fp32 = Path(folder) / "fp32.onnx"
+        onnx.save(_fp32_copy(workload), fp32)
+        return _quantize_static(fp32, workload, Path(folder)), {}
+
+
+def ort_preprocessed(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``quant_pre_process`` then ``quantize_static`` with its defaults.
+
+    Symbolic shape inference fails on some models; the documented fallback skips it.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        prepared = Path(folder) / "prepared.onnx"
+        notes: dict[str, Any] = {"skip_symbolic_shape": False}
+        # Symbolic shape inference leaves sym_shape_infer_temp.onnx in the working directory.
+        with contextlib.chdir(folder):
+            try:
+                quant_pre_process(_fp32_copy(workload), prepared)
+            except Exception as err:  # onnxruntime raises bare Exceptions from its shape inference
+                notes = {"skip_symbolic_shape": True, "symbolic_shape_error": f"{type(err).__name__}: {err}"[:300]}
+                quant_pre_process(_fp32_copy(workload), prepared, skip_symbolic_shape=True)
+        return _quantize_static(prepared, workload, Path(folder)), notes
+
+
+def nncf_accuracy_control(workload: Workload, max_drop: float = 0.01) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """NNCF's ``quantize_with_accuracy_control`` with a relative drop of ``max_drop``.
+
+    NNCF ranks layers by how far they move the outputs on the validation items (our calibration
+    feeds), and judges the drop with ``validation_fn``, which here is the workload's ``eval_fn``
+    on its own evaluation data.
+    """
+    import nncf
+
+    feeds = workload.feeds()
+    int8 = nncf.quantize_with_accuracy_control(
+        _fp32_copy(workload),
+        nncf.Dataset(feeds),
+        nncf.Dataset(feeds),
+        lambda model, _items: (workload.eval_fn(session(model)), None),
+        max_drop=max_drop,
+        drop_type=nncf.DropType.RELATIVE,
+        subset_size=len(feeds),
+    )
+    return int8, {}
+
+
+BASELINES: dict[str, Callable[[Workload], tuple[onnx.ModelProto, dict[str, Any]]]] = {
+    "ort_default": ort_default,
+    "ort_preprocessed": ort_preprocessed,
+    "nncf": nncf_accuracy_control,
+}
+
+
+def measure(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettings) -> dict[str, float]:
+    """Score ``int8`` and time it against the model as given, as a trial is measured."""
+    fp32 = session(workload.onnx_model(), settings.threads)
+    quantized = session(int8, settings.threads)
+    fp32_accuracy = workload.eval_fn(fp32)
+    accuracy = workload.eval_fn(quantized)
+    latency = measure_latency(fp32, quantized, workload.feeds()[0], settings)
+    return {
+        "fp32_accuracy": fp32_accuracy,
+        "accuracy": accuracy,
+        "acc_loss": relative_accuracy_loss(fp32_accuracy, accuracy),
+        "lat_diff": latency.lat_diff,
+        "spread": latency.spread,
+        **layer_counts(int8),
+    }
+
+
+def layer_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many Conv/MatMul/Gemm nodes of ``model`` take a dequantized input, and how many do not.
+
+    Example:
+        >>> from onnx import helper
+        >>> graph = helper.make_graph(
+        ...     [helper.make_node("DequantizeLinear", ["q", "s"], ["x"]), helper.make_node("MatMul", ["x", "w"], ["y"]),
+        ...      helper.make_node("Conv", ["y", "k"], ["z"])], "g", [], [])
+        >>> layer_counts(helper.make_model(graph))
+        {'int8_layers': 1, 'fp32_layers': 1}
+    """
+    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    compute = [node for node in model.graph.node if node.op_type in COMPUTE_OPS]
+    int8 = sum(node.input[0] in dequantized for node in compute)
+    return {"int8_layers": int8, "fp32_layers": len(compute) - int8}

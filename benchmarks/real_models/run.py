@@ -1,0 +1,389 @@
+"""Live studies and baselines on the real models, stored per seed; ``--summary`` prints the tables.
+
+Each study and each baseline runs in a fresh process, so that its peak memory (``ru_maxrss``) is
+its own. A study is ``optuna_quant.create_study`` on the workload as a user would call it (the model
+file as shipped, or the torch module with example inputs), run for ``--trials`` trials without
+stopping at the target, so that the best ``lat_diff`` within the accuracy target can be read after
+10, 20 and 40 trials. Methods:
+
+- ``tpe``, ``gp``: optuna-quant's samplers; ``tpe+prior``, ``gp+prior``: the same with the
+  per-layer sensitivity prior (:func:`attach_prior`); ``optuna_tpe``: Optuna's TPESampler;
+- ``ort_default``, ``ort_preprocessed``, ``nncf``: the recipes that need no tuning
+  (:mod:`benchmarks.real_models.baselines`).
+
+Results are merged into ``--out`` (a run of the same method and seed replaces the stored one), so
+that methods and seeds can be run apart and the tables recomputed from the file.
+
+Example:
+    python -m benchmarks.real_models.run --model silero_vad --seeds 5 --trials 40 \\
+        --out benchmarks/results/real_silero_vad.json
+    python -m benchmarks.real_models.run --summary benchmarks/results/real_silero_vad.json
+"""
+
+from __future__ import annotations
+
+import os
+
+# One thread per process: latency is timed on one thread, and the machine is shared.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import multiprocessing  # noqa: E402
+from pathlib import Path  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+
+from benchmarks._versions import versions  # noqa: E402
+from benchmarks.bench_samplers import median_missing_worst  # noqa: E402
+from benchmarks.real_models.baselines import BASELINES, measure  # noqa: E402
+from benchmarks.real_models.workloads import LATENCY_TARGETS, build  # noqa: E402
+import optuna_quant  # noqa: E402
+from optuna_quant.latency import BenchmarkSettings  # noqa: E402
+
+SETTINGS = BenchmarkSettings(threads=1, warmup=5, blocks=8, min_seconds=1.0)
+ACCURACY_LOSS = 1.0  # percent
+CHECKPOINTS = (10, 20, 40)
+BAR_TRIALS = 20
+BAR_FRACTION = 0.95
+SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed: optuna_quant.TPESampler(seed=seed),
+    "gp": lambda seed: optuna_quant.DiscreteGPSampler(seed=seed),
+    "optuna_tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+}
+PRIOR_SUFFIX = "+prior"
+TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe")
+METHODS = (*TUNING, *BASELINES)
+
+
+class PriorUnavailable(RuntimeError):
+    """The per-layer sensitivity prior cannot be measured with this optuna-quant."""
+
+
+def attach_prior(study: optuna_quant.QuantStudy, sampler: optuna.samplers.BaseSampler, feeds: list[dict]) -> float:
+    """Measure the study's per-layer sensitivity and hand it to ``sampler`` as its prior.
+
+    The one seam between this benchmark and :mod:`optuna_quant.sensitivity`: the layers' costs
+    from ``measure_sensitivity`` on the calibration ``feeds``, turned into per-choice scores by
+    ``choice_scores``, go to ``sampler.set_prior``.
+
+    Returns:
+        The seconds it took (a one-off cost of the study).
+
+    Raises:
+        PriorUnavailable: If optuna-quant has no sensitivity module or the sampler takes no prior.
+    """
+    try:
+        from optuna_quant.sensitivity import choice_scores, measure_sensitivity
+    except ImportError as err:
+        raise PriorUnavailable(f"optuna_quant.sensitivity cannot be imported ({err}).") from err
+    if not hasattr(sampler, "set_prior"):
+        raise PriorUnavailable(f"{type(sampler).__name__} takes no prior (no set_prior).")
+    objective = study.objective
+    start = time.perf_counter()
+    sensitivity = measure_sensitivity(objective.model, objective.quantizer, feeds, objective.space.nodes, settings=SETTINGS)
+    sampler.set_prior(choice_scores(sensitivity))
+    return time.perf_counter() - start
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: float, sizes: dict[str, int]) -> dict[str, Any]:
+    """One study of ``method`` (a name of :data:`TUNING`) with ``seed``: what each trial measured."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Configured logging keeps optuna-quant from adding its per-trial lines: the parent prints one a study.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
+    workload = build(model, **sizes)
+    record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
+    sampler = SAMPLERS[method.removesuffix(PRIOR_SUFFIX)](seed)
+    with tempfile.TemporaryDirectory() as folder:
+        opened, start = time.time(), time.perf_counter()
+        study = optuna_quant.create_study(
+            **workload.study_kwargs(),
+            accuracy_loss=ACCURACY_LOSS,
+            latency_reduce=latency_reduce,
+            sampler=sampler,
+            storage=optuna.storages.InMemoryStorage(),
+            study_name=f"{model}-{method}-{seed}",
+            trials_load_method="cold_start",
+            stop_on_target=False,
+            benchmark=asdict(SETTINGS),
+            artifact_dir=folder,
+        )
+        record["setup_s"] = time.perf_counter() - start
+        record["prior_s"] = attach_prior(study, sampler, workload.feeds()) if method.endswith(PRIOR_SUFFIX) else None
+        study.optimize(n_trials=trials)
+        record["wall_s"] = time.perf_counter() - start
+    record["trials"] = [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "acc_loss": t.user_attrs.get("acc_loss"),
+            "lat_diff": t.user_attrs.get("lat_diff"),
+            "spread": t.user_attrs.get("lat_diff_spread"),
+            "elapsed_s": t.datetime_complete.timestamp() - opened if t.datetime_complete else None,
+            "params": t.params,
+        }
+        for t in study.trials
+    ]
+    record["calibration_s"] = dict(getattr(study.objective.quantizer, "calibration_seconds", {}))
+    record["layers"] = sum(name.startswith("layer") for name in study.trials[0].params)
+    record["workload"] = {"source": workload.source, "score": workload.score, **workload.info}
+    return record
+
+
+def run_baseline(model: str, method: str, sizes: dict[str, int]) -> dict[str, Any]:
+    """One baseline (a name of :data:`BASELINES`): its int8 model measured as a trial is."""
+    workload = build(model, **sizes)
+    record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
+    start = time.perf_counter()
+    int8, notes = BASELINES[method](workload)
+    record["quantize_s"] = time.perf_counter() - start
+    record.update(measure(workload, int8, SETTINGS), notes=notes)
+    record["wall_s"] = time.perf_counter() - start
+    record["workload"] = {"source": workload.source, "score": workload.score, **workload.info}
+    return record
+
+
+def _child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    try:
+        record = fn(*args)
+    except Exception as err:  # a failed run is a result to report, not the end of the benchmark
+        record = {"error": f"{type(err).__name__}: {err}"[:1000]}
+    record["peak_rss_mb"] = _peak_rss_mb()
+    return record
+
+
+def in_fresh_process(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` in a new process, with that process's peak memory added as ``peak_rss_mb``."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_child, fn, *args).result()
+
+
+def load_report(path: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """The report stored at ``path``, or a new one; refuses a file made with other settings.
+
+    Raises:
+        ValueError: If the stored report's model or settings differ from ``header``'s.
+    """
+    if not path.exists():
+        return {**header, "runs": []}
+    report = json.loads(path.read_text())
+    for key in ("model", "settings", "accuracy_loss", "latency_reduce", "trials"):
+        if report.get(key) != header[key]:
+            raise ValueError(f"{path} holds runs with {key} {report.get(key)!r}, not {header[key]!r}: use another --out.")
+    return report
+
+
+def store(path: Path, report: dict[str, Any], run: dict[str, Any]) -> None:
+    """Put ``run`` into ``report`` (replacing the same method and seed) and write the file."""
+    report["runs"] = [r for r in report["runs"] if (r["method"], r["seed"]) != (run["method"], run["seed"])]
+    report["runs"].append(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, sort_keys=True))
+
+
+def within_target(trials: Sequence[dict[str, Any]], acc_th: float) -> list[dict[str, Any]]:
+    """The completed trials whose ``acc_loss`` meets ``acc_th``."""
+    return [t for t in trials if t["state"] == "COMPLETE" and t["acc_loss"] is not None and t["acc_loss"] <= acc_th]
+
+
+def best_within(trials: Sequence[dict[str, Any]], acc_th: float, n_trials: int) -> float | None:
+    """The highest ``lat_diff`` among the first ``n_trials`` trials that meet ``acc_th``.
+
+    Example:
+        >>> trials = [{"number": 0, "state": "COMPLETE", "acc_loss": 0.5, "lat_diff": 3.0},
+        ...           {"number": 1, "state": "COMPLETE", "acc_loss": 0.0, "lat_diff": 1.2},
+        ...           {"number": 2, "state": "COMPLETE", "acc_loss": 0.001, "lat_diff": 1.5}]
+        >>> best_within(trials, 0.01, 2), best_within(trials, 0.01, 3)
+        (1.2, 1.5)
+    """
+    hits = [t["lat_diff"] for t in within_target(trials, acc_th) if t["number"] < n_trials]
+    return max(hits) if hits else None
+
+
+def first_hit(trials: Sequence[dict[str, Any]], acc_th: float, lat_th: float) -> dict[str, Any] | None:
+    """The first trial that meets both targets."""
+    return next((t for t in within_target(trials, acc_th) if t["lat_diff"] >= lat_th), None)
+
+
+def checkpoints(budget: int) -> list[int]:
+    """The trial counts at which the best ``lat_diff`` is reported: 10, 20, 40 below the budget, and the budget.
+
+    Example:
+        >>> checkpoints(40), checkpoints(5)
+        ([10, 20, 40], [5])
+    """
+    return sorted({n for n in CHECKPOINTS if n < budget} | {budget})
+
+
+def _stats(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median (a missing value counts as the worst), quartiles of the present values, and count."""
+    present = [v for v in values if v is not None]
+    quartiles = np.percentile(present, [25, 75]).tolist() if present else [None, None]
+    return {"median": median_missing_worst(values), "q25": quartiles[0], "q75": quartiles[1], "n": len(present)}
+
+
+def summarise(report: dict[str, Any]) -> dict[str, Any]:
+    """Per method, the figures of the docs' tables; and the issue's bar for each tuning method."""
+    acc_th, lat_th, budget = report["accuracy_loss"] / 100, report["latency_reduce"], report["trials"]
+    runs = [r for r in report["runs"] if "error" not in r]
+    errors = {f"{r['method']}/{r['seed']}": r["error"] for r in report["runs"] if "error" in r}
+    methods: dict[str, Any] = {}
+    found = [t["lat_diff"] for r in runs if "trials" in r for t in within_target(r["trials"], acc_th)]
+    baselines = {}
+    for run in runs:
+        if "trials" in run:
+            continue
+        baselines[run["method"]] = {k: run[k] for k in ("acc_loss", "lat_diff", "spread", "wall_s", "peak_rss_mb", "int8_layers", "fp32_layers")}
+        if run["acc_loss"] <= acc_th:
+            found.append(run["lat_diff"])
+    best_any = max(found) if found else None
+    meeting = [b["lat_diff"] for b in baselines.values() if b["acc_loss"] <= acc_th]
+    for method in dict.fromkeys(r["method"] for r in runs if "trials" in r):
+        seeds = [r for r in runs if r["method"] == method]
+        hits = [first_hit(r["trials"], acc_th, lat_th) for r in seeds]
+        at_bar = [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
+        ratios = [None if v is None or best_any is None else v / best_any for v in at_bar]
+        methods[method] = {
+            "seeds": len(seeds),
+            "best_lat_diff": {n: _stats([best_within(r["trials"], acc_th, n) for r in seeds]) for n in checkpoints(budget)},
+            "trials_to_target": _stats([None if h is None else h["number"] + 1 for h in hits]),
+            "seconds_to_target": _stats([None if h is None else h["elapsed_s"] for h in hits]),
+            "peak_rss_mb": _stats([r["peak_rss_mb"] for r in seeds]),
+            "wall_s": _stats([r["wall_s"] for r in seeds]),
+            "reference_s": _stats([r["trials"][0]["elapsed_s"] for r in seeds]),
+            "calibration_s": _stats([sum(r["calibration_s"].values()) for r in seeds]),
+            "prior_s": _stats([r["prior_s"] for r in seeds]),
+            "bar": {
+                "ratio_at_20": _stats(ratios),
+                "seeds_at_95pct": sum(x is not None and x >= BAR_FRACTION for x in ratios),
+                "beats_baselines": None if not meeting else sum(v is not None and v > max(meeting) for v in at_bar),
+            },
+        }
+    return {"best_any": best_any, "methods": methods, "baselines": baselines, "errors": errors}
+
+
+def _fmt(stats: dict[str, Any], digits: int = 2) -> str:
+    if stats["median"] is None:
+        return "-" if stats["n"] == 0 else f"- ({stats['n']} hit)"
+    spread = "" if stats["q25"] is None else f" [{stats['q25']:.{digits}f}, {stats['q75']:.{digits}f}]"
+    return f"{stats['median']:.{digits}f}{spread}"
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """Markdown tables of :func:`summarise`: medians over seeds with [25th, 75th] percentiles.
+
+    "reference s" is the time from ``create_study`` to the end of the reference trial (export,
+    fp32 evaluation, calibration and measurement of the default configuration); "calibration s"
+    is all calibration of the study, the later methods' (Percentile, Entropy) included.
+    """
+    summary = summarise(report)
+    counts = checkpoints(report["trials"])
+    lines = [
+        f"**{report['model']}**: {report.get('workload', {}).get('source', '')}; score: "
+        f"{report.get('workload', {}).get('score', '')}. Targets: acc_loss <= {report['accuracy_loss']} %, "
+        f"lat_diff >= {report['latency_reduce']}; {report['trials']} trials.",
+        "",
+        "| method | seeds | " + " | ".join(f"best lat_diff @{n}" for n in counts)
+        + " | trials to target | s to target | @20 / best any | peak MB | reference s | calibration s | prior s |",
+        "|---" * (9 + len(counts)) + "|",
+    ]
+    for method, m in summary["methods"].items():
+        cells = [method, str(m["seeds"])]
+        cells += [_fmt(m["best_lat_diff"][n]) for n in counts]
+        cells += [_fmt(m["trials_to_target"], 0), _fmt(m["seconds_to_target"], 0), _fmt(m["bar"]["ratio_at_20"])]
+        cells += [_fmt(m["peak_rss_mb"], 0), _fmt(m["reference_s"], 1), _fmt(m["calibration_s"], 1), _fmt(m["prior_s"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| baseline | acc_loss % | lat_diff (spread) | int8 / fp32 layers | wall s | peak MB |", "|---|---|---|---|---|---|"]
+    for name, b in summary["baselines"].items():
+        lines.append(
+            f"| {name} | {100 * b['acc_loss']:.2f} | {b['lat_diff']:.2f} ({b['spread']:.2f}) | "
+            f"{b['int8_layers']} / {b['fp32_layers']} | {b['wall_s']:.1f} | {b['peak_rss_mb']:.0f} |"
+        )
+    best = summary["best_any"]
+    lines += ["", f"Best lat_diff within the accuracy target, any method, any budget: {'-' if best is None else f'{best:.2f}'}."]
+    for method, m in summary["methods"].items():
+        beats = m["bar"]["beats_baselines"]
+        seeds = m["seeds"]
+        lines.append(
+            f"- {method}: best within target after {BAR_TRIALS} trials >= {BAR_FRACTION:.0%} of that in "
+            f"{m['bar']['seeds_at_95pct']}/{seeds} seeds; beats every baseline that meets the target in "
+            + ("(no baseline meets it)" if beats is None else f"{beats}/{seeds}")
+            + " seeds."
+        )
+    lines += [f"- {name} failed: {error}" for name, error in summary["errors"].items()]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_models.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="workload name (benchmarks.real_models.workloads.WORKLOADS)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of each tuning method")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--trials", type=int, default=40, help="trials per study, the reference included")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument("--latency-reduce", type=float, help="latency target; default: the model's in LATENCY_TARGETS")
+    parser.add_argument("--eval-size", type=int, help="evaluation samples (default: the workload's)")
+    parser.add_argument("--calibration-size", type=int, help="calibration samples (default: the workload's)")
+    parser.add_argument("--out", type=Path, help="JSON file the runs are merged into")
+    parser.add_argument("--summary", type=Path, metavar="JSON", help="print the tables of a stored report and exit")
+    args = parser.parse_args(argv)
+    if args.summary is None:
+        if args.model is None or args.out is None:
+            parser.error("--model and --out are required (or --summary JSON).")
+        unknown = set(args.methods.split(",")) - set(METHODS)
+        if unknown:
+            parser.error(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the requested studies and baselines (or print a stored report's tables)."""
+    args = parse_args(argv)
+    if args.summary is not None:
+        report = json.loads(args.summary.read_text())
+        print(format_summary(report))
+        return report
+    sizes = {k: v for k, v in (("n_eval", args.eval_size), ("n_calibration", args.calibration_size)) if v is not None}
+    header = {
+        "model": args.model,
+        "settings": {"benchmark": asdict(SETTINGS), "sizes": sizes},
+        "accuracy_loss": ACCURACY_LOSS,
+        "latency_reduce": args.latency_reduce or LATENCY_TARGETS[args.model],
+        "trials": args.trials,
+        "versions": versions(),
+    }
+    report = load_report(args.out, header)
+    report["versions"] = header["versions"]
+    for method in args.methods.split(","):
+        seeds = [0] if method in BASELINES else range(args.first_seed, args.first_seed + args.seeds)
+        for seed in seeds:
+            if method in BASELINES:
+                run = in_fresh_process(run_baseline, args.model, method, sizes)
+            else:
+                run = in_fresh_process(run_study, args.model, method, seed, args.trials, report["latency_reduce"], sizes)
+            run.update(method=method, seed=seed)
+            report["workload"] = run.pop("workload", report.get("workload"))
+            store(args.out, report, run)
+            outcome = run.get("error") or f"wall {run['wall_s']:.0f} s, peak {run['peak_rss_mb']:.0f} MB"
+            print(f"{args.model} {method} seed {seed}: {outcome}", flush=True)
+    print(format_summary(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
