@@ -280,7 +280,10 @@ class QuantizationObjective:
         study = trial.study
         records.start_trial(trial)
         if records.is_reference(trial):
-            return run_reference(self, trial)
+            if records.reference_scaling(study) is None:
+                return run_reference(self, trial)
+            # A queued reference whose scaling another trial stored: an ordinary repeat of it.
+            records.unmark_reference(trial)
         ensure_reference(self, study)
         params = self.space.suggest(trial)
         total = "?" if self.max_trials is None else self.max_trials

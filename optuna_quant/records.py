@@ -154,6 +154,11 @@ def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:
     return bool(trial.user_attrs.get(REFERENCE_KEY))
 
 
+def unmark_reference(trial: optuna.Trial) -> None:
+    """Make a queued reference trial an ordinary one: the reference was measured meanwhile."""
+    trial.set_user_attr(REFERENCE_KEY, False)
+
+
 def enqueue_reference(study: optuna.Study, params: dict[str, Any]) -> None:
     """Queue the reference trial, which the next worker that asks for a trial pops."""
     study.enqueue_trial(params, user_attrs={REFERENCE_KEY: True})

@@ -6,8 +6,8 @@ allowed it includes it for the next worker:
 
 1. fail the trials of dead workers (Optuna's heartbeat: they are queued again);
 2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
-3. until the reference trial completed: pop it if it is queued, wait while it runs, queue it if
-   it is missing;
+3. until the reference stored its scaling: pop it if it is queued first, wait while it runs,
+   queue it if it is missing;
 4. pop a queued trial (a retry of a dead worker's trial counts once in the budget);
 5. run a new trial while the budget (``n_trials``, the study's total over every worker: finished,
    running and queued trials) has room;
@@ -141,18 +141,20 @@ class Worker:
             return _Next.STOP, ""
         counted = counted_trials(trials)
         room = self.n_trials is None or counted < self.n_trials
-        references = [t for t in trials if records.is_reference(t)]
-        if not any(t.state == TrialState.COMPLETE for t in references):
-            running = [t for t in references if t.state == TrialState.RUNNING]
-            if any(t.state == TrialState.WAITING for t in references):
+        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        if records.reference_scaling(self.study) is None:
+            running = [t.number for t in trials if t.state == TrialState.RUNNING and records.is_reference(t)]
+            if waiting and records.is_reference(waiting[0]):
                 return _Next.RUN, ""
             if running:
-                return _Next.WAIT, f"the reference trial {running[0].number}"
+                return _Next.WAIT, f"the reference trial {running[0]}"
+            if waiting:  # a trial the user queued: the objective measures the reference before it
+                return _Next.RUN, ""
             if room:
                 records.enqueue_reference(self.study, self.objective.space.default_params())
                 return _Next.RUN, ""
             return _Next.STOP, ""
-        if room or any(t.state == TrialState.WAITING for t in trials):
+        if room or waiting:
             return _Next.RUN, ""
         running = [t.number for t in trials if t.state == TrialState.RUNNING]
         if running:
