@@ -38,6 +38,7 @@ _logger = logging.getLogger("optuna_quant")
 
 TRIALS_LOAD_METHODS = ("cold_start", "warm_start", "fine_tune", "eval")
 FINE_TUNE_SUFFIX = "-fine_tune"
+DIRECTIONS = {"loss": ["minimize"], "pareto": ["minimize", "maximize"]}
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,14 @@ def open_study(
     plan: LoadPlan,
     storage: optuna.storages.BaseStorage,
     sampler: optuna.samplers.BaseSampler,
-    directions: list[str],
+    objective_mode: str,
 ) -> optuna.Study:
     """The study of ``plan``: under cold_start an existing one is deleted first.
 
     Raises:
-        ValueError: If a loaded study has another number of objectives than ``directions``.
+        ValueError: If a loaded study has another number of objectives than ``objective_mode``.
     """
+    directions = DIRECTIONS[objective_mode]
     if plan.method == "eval":
         assert plan.existing is not None
         return plan.existing
@@ -118,8 +120,8 @@ def open_study(
     )
     if len(study.directions) != len(directions):
         raise ValueError(
-            f"Study {plan.name!r} has {len(study.directions)} objective(s), not {len(directions)}; "
-            "use another study name or cold_start."
+            f"Study {plan.name!r} has {len(study.directions)} objective(s), not {objective_mode!r} mode's "
+            f"{len(directions)}; use another study name or cold_start."
         )
     return study
 

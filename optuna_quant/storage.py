@@ -118,7 +118,7 @@ def open_storage(
     url = DEFAULT_STORAGE if storage is None else storage
     try:
         parsed = make_url(url)
-    except sqlalchemy.exc.ArgumentError as err:
+    except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is no number
         raise StorageError(f"Storage URL {masked_url(url)!r} is not a database URL: {err}") from err
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         # Optuna's heartbeat thread opens its own connection: an in-memory database has none to share.

@@ -57,7 +57,6 @@ __all__ = ["FINE_TUNE_SUFFIX", "QuantStudy", "TRIALS_LOAD_METHODS", "create_stud
 
 _logger = logging.getLogger("optuna_quant")
 
-DIRECTIONS = {"loss": ["minimize"], "pareto": ["minimize", "maximize"]}
 METRIC_NAMES = {"loss": ["loss"], "pareto": ["acc_loss", "lat_diff"]}
 
 
@@ -359,10 +358,10 @@ def create_study(
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":
-        study = open_study(plan, storage_obj, sampler_obj, DIRECTIONS[objective_mode])
+        study = open_study(plan, storage_obj, sampler_obj, objective_mode)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
     check_writable(artifact_dir, "artifact_dir")
-    study = open_study(plan, storage_obj, sampler_obj, DIRECTIONS[objective_mode])
+    study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(
             study, space=objective.space, fingerprint=objective.model_sha256, targets=targets, node_modules=node_modules
