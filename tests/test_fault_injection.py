@@ -57,11 +57,12 @@ class Crew:
     running: list[subprocess.Popen[str]] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     killed: int = 0
+    n_trials: int = N_TRIALS
 
     def start(self, *extra: str) -> subprocess.Popen[str]:
         worker = subprocess.Popen(
             [
-                sys.executable, str(SCRIPT), self.url, "--study", self.study, "--n-trials", str(N_TRIALS),
+                sys.executable, str(SCRIPT), self.url, "--study", self.study, "--n-trials", str(self.n_trials),
                 "--heartbeat", f"{INTERVAL},{GRACE}", "--eval-sleep", "0.15", *extra,
             ],
             stdout=subprocess.PIPE,
@@ -200,3 +201,14 @@ def test_ctrl_c_in_every_worker_then_warm_start(url: str) -> None:
     crew = Crew(url, "interrupted")
     _interrupt_then_warm_start(crew)
     _assert_recovered(crew)
+
+
+def test_three_workers_with_a_budget_of_two_run_two_trials(url: str) -> None:
+    crew = Crew(url, "budget-of-two", n_trials=2)
+    for seed in range(3):
+        crew.start("--seed", str(seed))
+    for worker in crew.running:
+        assert worker.wait(timeout=TIMEOUT) == 0
+    crew.reap()
+    trials = crew.trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2  # the reference and one trial
