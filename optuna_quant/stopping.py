@@ -8,10 +8,11 @@ trial that would measure for nothing. The reference trial does not count: it is 
 Example:
     >>> import optuna
     >>> from optuna_quant.loss import Targets
-    >>> trial = optuna.trial.create_trial(value=0.0, user_attrs={"acc_loss": 0.001, "lat_diff": 2.0})
-    >>> target_reached([trial], Targets(accuracy_loss=1.0, latency_reduce=1.5))
+    >>> study = optuna.create_study()
+    >>> study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={"acc_loss": 0.001, "lat_diff": 2.0}))
+    >>> target_reached(study.trials, Targets(accuracy_loss=1.0, latency_reduce=1.5))
     0
-    >>> target_reached([trial], Targets(accuracy_loss=1.0, latency_reduce=3.0)) is None
+    >>> target_reached(study.trials, Targets(accuracy_loss=1.0, latency_reduce=3.0)) is None
     True
 """
 

@@ -7,7 +7,9 @@ worker. A storage that cannot be reached is an error that names its URL (passwor
 anything is written.
 
 Example:
-    >>> storage = open_storage("sqlite:///:memory:", heartbeat_interval=5, grace_period=15)
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> storage = open_storage(f"sqlite:///{folder}/study.db", heartbeat_interval=5, grace_period=15)
     >>> heartbeat_interval(storage), grace_period(storage)
     (5, 15)
     >>> masked_url("postgresql://quant:secret@db.example.com/studies")
