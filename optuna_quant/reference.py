@@ -33,11 +33,31 @@ _logger = logging.getLogger("optuna_quant")
 _WHAT = "Reference (default configuration)"
 
 
-class ReferenceMeasurementError(RuntimeError):
-    """The reference configuration could not be measured: no trial can be scored without it.
+class ReferenceMeasurementError(ValueError, RuntimeError):
+    """The reference could not be measured: no trial can be scored without it.
 
-    The message is one line that names ``eval_fn`` or the build step and the reason.
+    The message is one line that names ``eval_fn``, the reference and the reason. It is a
+    ``ValueError`` (bad input: the ``eval_fn``) and a ``RuntimeError`` (what ``eval_fn`` raised).
     """
+
+
+def check_baseline(objective: QuantizationObjective) -> None:
+    """Score the fp32 model before any trial, so that an ``eval_fn`` that fails leaves no trial.
+
+    Raises:
+        ReferenceMeasurementError: If ``eval_fn`` raises or returns no finite number.
+    """
+    try:
+        objective.baseline()
+    except Exception as err:
+        raise _error(err) from err
+
+
+def _error(err: Exception) -> ReferenceMeasurementError:
+    reason = " ".join(str(err).split())
+    return ReferenceMeasurementError(
+        f"eval_fn could not score the reference (the fp32 model and its default int8 configuration): {reason}"
+    )
 
 
 def measure_reference(
@@ -54,10 +74,7 @@ def measure_reference(
         objective.baseline()
         measurement = objective.measure(params)
     except Exception as err:
-        reason = " ".join(str(err).split())
-        raise ReferenceMeasurementError(
-            f"eval_fn could not score the reference (the default int8 configuration and its fp32 model): {reason}"
-        ) from err
+        raise _error(err) from err
     scaling = LossScaling.from_reference(measurement.acc_loss, measurement.lat_diff, objective.targets)
     _logger.info(
         "%s acc_loss: %.4f lat_diff: %.4f (%.1f s)",

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from optuna_quant import records
 from optuna_quant.objective import QuantizationObjective
+from optuna_quant.reference import check_baseline
 from optuna_quant.reference import ReferenceMeasurementError
 from optuna_quant.results import best_trial
 from optuna_quant.stopping import target_reached
@@ -116,6 +117,8 @@ class Worker:
             ReferenceMeasurementError: If the reference cannot be measured.
             KeyboardInterrupt: Re-raised once the interrupted trial is failed and queued again.
         """
+        if records.reference_scaling(self.study) is None:
+            check_baseline(self.objective)  # before any trial: a failing eval_fn leaves none
         with self.bar:
             while True:
                 with ExitStack() as held:

@@ -12,7 +12,6 @@ and no worker may have waited longer than the grace period plus one trial.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -31,9 +30,6 @@ import pytest
 from conftest import subprocess_env
 from optuna_quant.records import is_reference
 from optuna_quant.records import WORKER_KEY
-from optuna_quant.testing.postgres import NO_BINARIES
-from optuna_quant.testing.postgres import pg_bindir
-from optuna_quant.testing.postgres import postgres_server
 from optuna_quant.worker import counted_trials
 
 pytestmark = pytest.mark.slow
@@ -176,19 +172,11 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     crew.reap()
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    if pg_bindir() is None:
-        pytest.skip(NO_BINARIES)
-    with postgres_server() as url:
-        yield url
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/study.db"
-    return request.getfixturevalue("postgres")
+    return request.getfixturevalue("postgres_url")
 
 
 def test_workers_killed_at_random_points_lose_nothing(url: str) -> None:

@@ -242,3 +242,12 @@ def test_a_latency_batch_larger_than_the_calibration_data_is_refused(make_study,
     with pytest.raises(ValueError, match=r"benchmark.batch_size: A batch of 17 samples was asked for, but the data hold 16"):
         make_study(benchmark=dataclasses.replace(fast_bench, batch_size=17))
     assert make_study(benchmark=dataclasses.replace(fast_bench, batch_size=16)).objective.latency_feed["input"].shape[0] == 16
+
+
+def test_progress_bar_shows_trial_k_of_n_the_best_and_the_time_left(make_study, capsys) -> None:
+    study = make_study(accuracy_loss=50.0)
+    best = study.optimize(n_trials=3, timeout=600, show_progress_bar=True)
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    last = [line for line in bar if "3/3" in line][-1]
+    assert f"acc_loss={best.acc_loss:.4f}" in last and f"lat_diff={best.lat_diff:.4f}" in last
+    assert "time left=" in last and " min" in last
