@@ -31,13 +31,13 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_quant import records
-
 from optuna_quant.evaluate import accepts_subset_size
 from optuna_quant.evaluate import checked_score
 from optuna_quant.evaluate import EvalFn
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.latency import LatencyResult
 from optuna_quant.latency import measure_latency
+from optuna_quant.loss import LossScaling
 from optuna_quant.loss import relative_accuracy_loss
 from optuna_quant.loss import Targets
 from optuna_quant.loss import weighted_loss
@@ -46,19 +46,18 @@ from optuna_quant.model_io import load_model
 from optuna_quant.model_io import ModelLike
 from optuna_quant.model_io import to_feeds
 from optuna_quant.quantize import Quantizer
-from optuna_quant.space import SCOPES
-from optuna_quant.space import SearchSpace
-from optuna_quant.loss import LossScaling
 from optuna_quant.reference import ensure_reference
 from optuna_quant.reference import run_reference
 from optuna_quant.results import best_trial
+from optuna_quant.space import SCOPES
+from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
 from optuna_quant.storage import StudyLock
 from optuna_quant.storage import Waiter
 
 _logger = logging.getLogger("optuna_quant")
 
-# Kept importable from here: the keys and the worker name moved to optuna_quant.records.
+# Kept importable from here; optuna_quant.records owns them.
 FP32_ACCURACY_KEY = records.FP32_ACCURACY_KEY
 SCALING_KEY = records.SCALING_KEY
 SPACE_KEY = records.SPACE_KEY

@@ -321,6 +321,9 @@ def create_study(
             :class:`optuna_quant.storage.StorageError` (a ``ValueError``) naming its URL, before
             anything is written.
     """
+    # Stages, in this order so that nothing stored is touched before every check passed:
+    # settings; the storage, read only; the model and data (preparation, calibration: the
+    # objective); the folders written to; only then the study is deleted, created or joined.
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
@@ -338,7 +341,6 @@ def create_study(
 
         model, node_modules = export_module(model, example_inputs)
     scopes = tuple(scopes)
-    # Every check runs before the storage is written to: the plan only reads it.
     plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
     lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
