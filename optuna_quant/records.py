@@ -165,7 +165,11 @@ def enqueue_reference(study: optuna.Study, params: dict[str, Any]) -> None:
 
 
 def reference_trial(
-    study: optuna.Study, params: dict[str, Any], distributions: dict[str, Any], values: list[float], attrs: dict[str, Any],
+    study: optuna.Study,
+    params: dict[str, Any],
+    distributions: dict[str, Any],
+    values: list[float],
+    attrs: dict[str, Any],
     constraints: dict[str, float],
 ) -> None:
     """Record a reference measured outside any trial (an objective used on a plain study)."""
