@@ -46,6 +46,7 @@ MAX_RETRY = 3
 ARTIFACT_DIR_SUFFIX = "-artifacts"
 DEFAULT_ARTIFACT_DIR = "optuna_quant" + ARTIFACT_DIR_SUFFIX
 POLL_SECONDS = 0.5
+SQLITE_BUSY_SECONDS = 60.0
 _CREATE_ATTEMPTS = 5
 _logger = logging.getLogger("optuna_quant")
 
@@ -122,20 +123,47 @@ def open_storage(
         parsed = make_url(url)
     except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is no number
         raise StorageError(f"Storage URL {masked_url(url)!r} is not a database URL: {err}") from err
-    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
-        # Optuna's heartbeat thread opens its own connection: an in-memory database has none to share.
-        heartbeat: dict[str, Any] = {}
-    else:
-        heartbeat = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": _retry(max_retry),
-        }
+    options: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query:
+        # Workers and their heartbeat threads write to one file: a writer waits for the file's
+        # lock up to this long (Python's default, 5 s, is short on a busy machine).
+        options["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_SECONDS}}
+    # Optuna's heartbeat thread opens its own connection: an in-memory database has none to share.
+    if parsed.get_backend_name() != "sqlite" or parsed.database not in (None, "", ":memory:"):
+        options.update(
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=_retry(max_retry),
+        )
     try:
-        return _rdb_storage(url, heartbeat)
+        storage = _rdb_storage(url, options)
+        if parsed.get_backend_name() == "sqlite":
+            _immediate_transactions(storage.engine)
+        return storage
     except (ImportError, sqlalchemy.exc.SQLAlchemyError) as err:
         reason = getattr(err, "orig", None) or err
         raise StorageError(f"Cannot open the storage {masked_url(url)!r}: {reason}".strip()) from err
+
+
+def _immediate_transactions(engine: sqlalchemy.engine.Engine) -> None:
+    """Begin every SQLite transaction with ``BEGIN IMMEDIATE``.
+
+    Optuna reads, then writes, in one transaction (the heartbeat does). Under SQLite's default
+    deferred transactions two such writers deadlock, and SQLite fails one at once with "database
+    is locked" instead of letting it wait: a worker and its own heartbeat thread are enough.
+    Taking the write lock first makes each one wait its turn (up to ``SQLITE_BUSY_SECONDS``).
+    SQLAlchemy's recipe for pysqlite: see its "Serializable isolation / Savepoints" notes.
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the listeners get them when reopened
 
 
 def _rdb_storage(url: str, options: dict[str, Any]) -> RDBStorage:

@@ -154,6 +154,7 @@ class QuantStudy:
             self.objective.max_trials = n_trials
             Worker(
                 self.study,
+                self.storage,
                 self.objective,
                 self.lock,
                 n_trials,

@@ -18,7 +18,7 @@ Every wait is :class:`optuna_quant.storage.Waiter`'s: it ends when the trial wai
 once its worker's heartbeat is stale for the grace period.
 
 Example:
-    >>> Worker(study, objective, lock, n_trials=40).run()   # doctest: +SKIP
+    >>> Worker(study, storage, objective, lock, n_trials=40).run()   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from optuna_quant import records
+from optuna_quant._optuna_private import record_first_heartbeat
 from optuna_quant.objective import QuantizationObjective
 from optuna_quant.reference import check_baseline
 from optuna_quant.reference import ReferenceMeasurementError
@@ -79,6 +80,7 @@ class Worker:
 
     Args:
         study: The study.
+        storage: The storage the study was opened on.
         objective: The quantization objective.
         lock: The study lock every worker shares.
         n_trials: The study's total trials (POT's ``max_trials``); ``None`` for no limit.
@@ -92,6 +94,7 @@ class Worker:
     def __init__(
         self,
         study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
         objective: QuantizationObjective,
         lock: StudyLock,
         n_trials: int | None,
@@ -101,6 +104,7 @@ class Worker:
         show_progress_bar: bool = False,
     ) -> None:
         self.study = study
+        self.storage = storage
         self.objective = objective
         self.lock = lock
         self.n_trials = n_trials
@@ -169,6 +173,7 @@ class Worker:
         reference_error: list[ReferenceMeasurementError] = []
 
         def objective(trial: optuna.Trial) -> Any:
+            record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
             lock.close()
             asked.append(trial)
             try:

@@ -81,6 +81,15 @@ class Crew:
                 assert worker.returncode == 0, self.outputs[-1][-3000:]
         return ended
 
+    def stacks(self) -> str:
+        """What every running worker is doing (``faulthandler`` in the worker script), ending them."""
+        for worker in self.running:
+            worker.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        for worker in self.running:
+            worker.kill()
+        return "\n".join(w.stdout.read()[-4000:] for w in self.running)
+
     def trials(self) -> list[FrozenTrial]:
         try:
             return optuna.load_study(study_name=self.study, storage=self.url).get_trials()
@@ -118,7 +127,7 @@ def _run_with_kills(crew: Crew, seed: int) -> None:
     random_kills = 0
     deadline = time.monotonic() + TIMEOUT
     while crew.running:
-        assert time.monotonic() < deadline, "the workers did not finish"
+        assert time.monotonic() < deadline, f"the workers did not finish: {crew.stacks()}"
         if random_kills < RANDOM_KILLS and len(crew.trials()) >= 5 + 3 * random_kills and _random_kill(crew, rng):
             random_kills += 1
         for worker in crew.reap():
@@ -161,7 +170,10 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     for worker in crew.running:
         worker.send_signal(signal.SIGINT)
     for worker in list(crew.running):
-        worker.wait(timeout=60)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"a worker did not stop on Ctrl-C: {crew.stacks()}") from None
         crew.running.remove(worker)
         crew.outputs.append(worker.stdout.read())
         assert worker.returncode != 0 and "KeyboardInterrupt" in crew.outputs[-1]

@@ -9,13 +9,11 @@ measured twice, stop_on_target, and a killed worker's trial run again.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 import signal
 import socket
 import subprocess
 import sys
-import time
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -56,30 +54,6 @@ def _finish(workers: list[subprocess.Popen[str]]) -> None:
 
 def _trials(url: str, study: str) -> list[FrozenTrial]:
     return optuna.load_study(study_name=study, storage=url).get_trials()
-
-
-def _wait_for(condition: Callable[[], FrozenTrial | None], what: str) -> FrozenTrial:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        found = condition()
-        if found is not None:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _running_trial_of(url: str, study: str, worker: subprocess.Popen[str]) -> Callable[[], FrozenTrial | None]:
-    name = f"{socket.gethostname()}:{worker.pid}"
-
-    def find() -> FrozenTrial | None:
-        try:
-            trials = _trials(url, study)
-        except KeyError:  # the study is not created yet
-            return None
-        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_KEY) == name]
-        return running[0] if running else None
-
-    return find
 
 
 def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
@@ -136,34 +110,34 @@ def test_the_psycopg2_url_form_works_too(postgres_url: str) -> None:
 
 
 def test_killed_worker_trial_is_failed_by_heartbeat_and_run_again(postgres_url: str) -> None:
-    workers = [_start(postgres_url, "kill", 12, "--seed", str(seed), "--eval-sleep", "0.4") for seed in range(3)]
-    victim = _wait_for(_running_trial_of(postgres_url, "kill", workers[0]), "a running trial of worker 0")
-    workers[0].send_signal(signal.SIGKILL)
-    workers[0].wait(timeout=TIMEOUT)
+    # Worker 0 is killed in the latency measurement of its first trial.
+    workers = [
+        _start(postgres_url, "kill", 12, "--seed", str(seed), "--eval-sleep", "0.4", *(["--die-at", "latency:1"] if seed == 0 else []))
+        for seed in range(3)
+    ]
+    assert workers[0].wait(timeout=TIMEOUT) == -signal.SIGKILL
     _finish(workers[1:])
     trials = _trials(postgres_url, "kill")
-    killed = trials[victim.number]
+    (killed,) = [t for t in trials if t.user_attrs.get(WORKER_KEY) == f"{socket.gethostname()}:{workers[0].pid}"]
     assert killed.state == TrialState.FAIL
-    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == killed.params
     _assert_complete_study(trials, 12)
 
 
 def test_warm_start_after_an_interrupted_run_keeps_every_trial(postgres_url: str) -> None:
-    first = _start(postgres_url, "resume", 8, "--eval-sleep", "0.3")
-    find = _running_trial_of(postgres_url, "resume", first)
-
-    def third_running() -> FrozenTrial | None:
-        running = find()
-        return running if running is not None and running.number >= 3 else None
-
-    victim = _wait_for(third_running, "the fourth trial of the first run")
-    first.send_signal(signal.SIGKILL)
+    # Evaluations: the fp32 model, the reference, then one per trial: the 5th is trial 3's.
+    first = _start(postgres_url, "resume", 8, "--die-at", "eval:5")
     first.wait(timeout=TIMEOUT)
-    before = [(t.number, t.params, t.state) for t in _trials(postgres_url, "resume") if t.number < victim.number]
+    assert first.returncode == -signal.SIGKILL
+    before = _trials(postgres_url, "resume")
+    victim = before[-1]
+    assert victim.number == 3 and victim.state == TrialState.RUNNING
     _finish([_start(postgres_url, "resume", 8)])
     trials = _trials(postgres_url, "resume")
-    assert [(t.number, t.params, t.state) for t in trials[: len(before)]] == before
-    assert trials[victim.number].state == TrialState.FAIL
+    assert [(t.number, t.params, t.state) for t in trials[:3]] == [(t.number, t.params, t.state) for t in before[:3]]
+    assert trials[3].state == TrialState.FAIL
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == 3]
+    assert retry.state == TrialState.COMPLETE and retry.params == victim.params
     _assert_complete_study(trials, 8)

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--die-at", default=None, help="SIGKILL this process in that stage of a trial")
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.die_at:
         inject(args.die_at)
     interval, grace = (int(v) for v in args.heartbeat.split(","))
