@@ -124,12 +124,14 @@ def open_storage(
     except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is no number
         raise StorageError(f"Storage URL {masked_url(url)!r} is not a database URL: {err}") from err
     options: dict[str, Any] = {}
-    if parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query:
+    sqlite = parsed.get_backend_name() == "sqlite"
+    in_memory = sqlite and parsed.database in (None, "", ":memory:")
+    if sqlite and "timeout" not in parsed.query:
         # Workers and their heartbeat threads write to one file: a writer waits for the file's
         # lock up to this long (Python's default, 5 s, is short on a busy machine).
         options["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_SECONDS}}
     # Optuna's heartbeat thread opens its own connection: an in-memory database has none to share.
-    if parsed.get_backend_name() != "sqlite" or parsed.database not in (None, "", ":memory:"):
+    if not in_memory:
         options.update(
             heartbeat_interval=heartbeat_interval,
             grace_period=grace_period,
@@ -137,7 +139,7 @@ def open_storage(
         )
     try:
         storage = _rdb_storage(url, options)
-        if parsed.get_backend_name() == "sqlite":
+        if sqlite and not in_memory:  # an in-memory database lives in its one connection: kept
             _immediate_transactions(storage.engine)
         return storage
     except (ImportError, sqlalchemy.exc.SQLAlchemyError) as err:
