@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from pathlib import Path
 import tempfile
 
@@ -19,6 +20,41 @@ from optuna.artifacts import upload_artifact
 
 from optuna_quant.storage import optuna_warnings_off
 from optuna_quant.storage import StudyLock
+
+
+class NotWritableError(ValueError):
+    """A folder or file that a run must write to cannot be written; raised before any trial."""
+
+
+def check_writable(path: str | Path, what: str, *, is_file: bool = False) -> None:
+    """Make sure that files can be written into the folder ``path`` (or the file ``path``).
+
+    Missing folders are created, as writing would create them.
+
+    Args:
+        path: A folder; with ``is_file``, a file whose folder is checked, and itself if it exists.
+        what: What the path is for, as the message names it (``"artifact_dir"``).
+        is_file: Whether ``path`` names a file.
+
+    Raises:
+        NotWritableError: If it cannot, naming ``what``, the path and the reason.
+
+    Example:
+        >>> check_writable("/proc/no-such-folder", "artifact_dir")
+        Traceback (most recent call last):
+        ...
+        optuna_quant.artifacts.NotWritableError: artifact_dir '/proc/no-such-folder' is not writable: ...
+    """
+    path = Path(path)
+    folder = path.parent if is_file else path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+        if is_file and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+    except OSError as err:
+        raise NotWritableError(f"{what} {str(path)!r} is not writable: {err.strerror or err}") from err
 
 
 def model_filename(number: int) -> str:

@@ -1,13 +1,12 @@
 """One trial: parameters -> int8 model -> accuracy and latency -> POT's weighted loss.
 
 :class:`QuantizationObjective` is a plain Optuna objective: it works with the study that
-:func:`optuna_quant.create_study` builds and with any study a user builds. What every worker of a
-study must agree on (the fp32 accuracy, the loss scaling from the reference trial, the search
-space and the model's fingerprint) is stored in the study's user attrs the first time and read
-from there afterwards, so a second worker neither re-measures nor disagrees. Workers that share a
-study also share a lock (:func:`optuna_quant.storage.study_lock`): one worker claims the reference
-trial while the others wait for its scaling, and one trial claims each configuration while a trial
-that drew the same one waits for its result.
+:func:`optuna_quant.create_study` builds and with any study a user builds. Its one job is to
+measure configurations; the reference trial that scales the loss is :mod:`optuna_quant.reference`,
+the stored records :mod:`optuna_quant.records`, and the loop that shares the study between workers
+:mod:`optuna_quant.worker`. A configuration that a trial measured already is not measured again:
+the trial copies that result. One that a running trial claimed is waited for (the wait bounded by
+Optuna's heartbeat, :class:`optuna_quant.storage.Waiter`), then copied.
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -31,20 +30,15 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_quant.claims import ClaimWatch
-from optuna_quant.claims import KeepClaim
-from optuna_quant.claims import REFERENCE_CLAIM_KEY
-from optuna_quant.claims import WORKER
+from optuna_quant import records
 from optuna_quant.evaluate import accepts_subset_size
 from optuna_quant.evaluate import checked_score
 from optuna_quant.evaluate import EvalFn
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.latency import LatencyResult
 from optuna_quant.latency import measure_latency
-from optuna_quant.loss import best_index
 from optuna_quant.loss import LossScaling
 from optuna_quant.loss import relative_accuracy_loss
-from optuna_quant.loss import Result
 from optuna_quant.loss import Targets
 from optuna_quant.loss import weighted_loss
 from optuna_quant.model_io import batch_of
@@ -52,24 +46,23 @@ from optuna_quant.model_io import load_model
 from optuna_quant.model_io import ModelLike
 from optuna_quant.model_io import to_feeds
 from optuna_quant.quantize import Quantizer
-from optuna_quant.results import recorded
-from optuna_quant.results import result_of
+from optuna_quant.reference import ensure_reference
+from optuna_quant.reference import run_reference
+from optuna_quant.results import best_trial
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
-from optuna_quant.storage import optuna_warnings_off
 from optuna_quant.storage import StudyLock
+from optuna_quant.storage import Waiter
 
 _logger = logging.getLogger("optuna_quant")
 
-FP32_ACCURACY_KEY = "fp32_accuracy"
-FP32_LATENCY_KEY = "fp32_latency_ms"
-SCALING_KEY = "loss_scaling"
-REFERENCE_KEY = "reference"
-SPACE_KEY = "search_space"
-TARGETS_KEY = "targets"
-MODEL_KEY = "model_sha256"
-WORKER_KEY = "worker"
+# Kept importable from here; optuna_quant.records owns them.
+FP32_ACCURACY_KEY = records.FP32_ACCURACY_KEY
+SCALING_KEY = records.SCALING_KEY
+SPACE_KEY = records.SPACE_KEY
+TARGETS_KEY = records.TARGETS_KEY
+WORKER_KEY = records.WORKER_KEY
 OBJECTIVE_MODES = ("loss", "pareto")
 
 
@@ -131,7 +124,6 @@ class QuantizationObjective:
         objective_mode: ``"loss"`` returns POT's loss (minimise); ``"pareto"`` returns
             ``(acc_loss, lat_diff)`` for a study with directions ``["minimize", "maximize"]``.
         lock: The lock every worker of the study shares; none needed for a single process.
-        wait_timeout: Seconds a worker waits for another one's reference trial or result.
 
     Raises:
         FileNotFoundError, ValueError: For a bad model, calibration data or setting; raised here,
@@ -154,7 +146,6 @@ class QuantizationObjective:
         stop_on_target: bool = False,
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
-        wait_timeout: float = 3600.0,
     ) -> None:
         if objective_mode not in OBJECTIVE_MODES:
             raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
@@ -177,7 +168,6 @@ class QuantizationObjective:
         self.stop_on_target = stop_on_target
         self.objective_mode = objective_mode
         self.lock: StudyLock = lock or nullcontext
-        self.wait_timeout = wait_timeout
         self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         feeds = to_feeds(calibration_data, self.model)
         try:
@@ -273,186 +263,91 @@ class QuantizationObjective:
     def loss(self, measurement: Measurement) -> float:
         """POT's weighted loss of ``measurement`` under the study's scaling."""
         if self.scaling is None:
-            raise RuntimeError("The loss scaling is not set yet: call prepare(study) first.")
+            raise RuntimeError("The loss scaling is not set yet: the reference trial has not run.")
         return weighted_loss(measurement.acc_loss, measurement.lat_diff, self.targets, self.scaling)
 
-    def prepare(self, study: optuna.Study) -> None:
-        """Share the fp32 baseline and loss scaling through ``study``, measuring them if new.
+    def values(self, acc_loss: float, lat_diff: float, loss: float) -> float | list[float]:
+        """The objective value(s) of a result: POT's loss, or ``[acc_loss, lat_diff]`` in Pareto mode."""
+        return [acc_loss, lat_diff] if self.objective_mode == "pareto" else loss
 
-        The first worker claims the reference configuration (the space's default) under the
-        study lock, measures it, records it as a trial and stores the scaling; a worker that
-        starts meanwhile waits for that scaling rather than measuring a second one. A measurement
-        that raises releases the claim, and a claim whose worker stopped refreshing it for
-        ``claims.CLAIM_STALE_SECONDS`` is taken over.
-
-        Raises:
-            ValueError: If the study was made for another model, space or targets.
-            TimeoutError: If the scaling does not appear within ``wait_timeout`` seconds.
-        """
-        if self.scaling is not None:
-            return
-        own = {
-            MODEL_KEY: self.model_sha256,
-            SPACE_KEY: self.space.to_dict(),
-            TARGETS_KEY: self.targets.to_dict(),
-        }
-        watch = ClaimWatch(self.wait_timeout)
-        while True:
-            with self.lock():
-                attrs = study.user_attrs
-                for key, value in own.items():
-                    if key in attrs and attrs[key] != value:
-                        raise ValueError(
-                            f"Study {study.study_name!r} was made with another {key.replace('_', ' ')} "
-                            f"({attrs[key]!r}, here {value!r}); use another study name or cold_start."
-                        )
-                if SCALING_KEY in attrs:
-                    self.fp32_accuracy = attrs[FP32_ACCURACY_KEY]
-                    self.scaling = LossScaling.from_dict(attrs[SCALING_KEY])
-                    return
-                claim = attrs.get(REFERENCE_CLAIM_KEY)
-                if watch.abandoned(claim):
-                    for key, value in own.items():
-                        study.set_user_attr(key, value)
-                    study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": 0})
-                    break
-            watch.wait(f"the reference trial of worker {claim['worker']}")
-        with KeepClaim(study):
-            self._measure_reference(study)
-
-    def _measure_reference(self, study: optuna.Study) -> None:
-        fp32_accuracy = self.baseline()
-        params = self.space.default_params()
-        reference = self.measure(params)
-        scaling = LossScaling.from_reference(reference.acc_loss, reference.lat_diff, self.targets)
-        loss = weighted_loss(reference.acc_loss, reference.lat_diff, self.targets, scaling)
-        study.add_trial(
-            optuna.trial.create_trial(
-                params=params,
-                distributions=self.space.distributions(),
-                values=self._values(reference.acc_loss, reference.lat_diff, loss),
-                user_attrs={**reference.user_attrs(), "loss": loss, WORKER_KEY: WORKER, REFERENCE_KEY: True},
-                constraints=self._constraints(reference),
-            )
-        )
-        # The scaling is written last: other workers start as soon as it appears.
-        study.set_user_attr(FP32_ACCURACY_KEY, fp32_accuracy)
-        study.set_user_attr(FP32_LATENCY_KEY, reference.latency.fp32_ms)
-        study.set_user_attr(SCALING_KEY, scaling.to_dict())
-        self.scaling = scaling
-        _logger.info(
-            "Reference (default configuration) acc_loss: %.4f lat_diff: %.4f",
-            reference.acc_loss,
-            reference.lat_diff,
-        )
-
-    def _values(self, acc_loss: float, lat_diff: float, loss: float) -> list[float]:
-        """The objective values of a result: POT's loss, or ``(acc_loss, lat_diff)`` in Pareto mode."""
-        return [acc_loss, lat_diff] if self.objective_mode == "pareto" else [loss]
-
-    def _constraints(self, measurement: Measurement) -> dict[str, float]:
-        return self.targets.constraints(measurement.acc_loss, measurement.lat_diff)
+    def record(self, trial: optuna.Trial, measurement: Measurement, loss: float) -> None:
+        """Record ``measurement`` and its loss on ``trial``."""
+        attrs = {**measurement.user_attrs(), "loss": loss}
+        records.record_result(trial, attrs, self.targets.constraints(measurement.acc_loss, measurement.lat_diff))
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
         study = trial.study
-        self.prepare(study)
+        records.start_trial(trial)
+        if records.is_reference(trial):
+            if records.reference_scaling(study) is None:
+                return run_reference(self, trial)
+            # A queued reference whose scaling another trial stored: an ordinary repeat of it.
+            records.unmark_reference(trial)
+        ensure_reference(self, study)
         params = self.space.suggest(trial)
         total = "?" if self.max_trials is None else self.max_trials
-        _logger.info("Trial iteration start: %d / %s", trial.number + 1, total)
-        previous, seen = self._claim(study, trial, params)
+        _logger.info("Trial iteration start: %d / %s", trial.number, total)
+        previous = self._claim(study, trial, params)
         if previous is not None:
-            for key, value in previous.user_attrs.items():
-                # The result is copied, not who measured it nor the reference flag.
-                if key not in (WORKER_KEY, REFERENCE_KEY):
-                    trial.set_user_attr(key, value)
-            trial.set_user_attr("duplicate_of", previous.number)
-            for key, value in previous.constraints.items():
-                trial.set_constraint(key, value)
+            records.copy_result(trial, previous)
             _logger.info(
                 "Params already evaluated. Returning previous result: acc_loss: %.4f lat_diff: %.4f",
                 previous.user_attrs["acc_loss"],
                 previous.user_attrs["lat_diff"],
             )
-            self._log_end(seen, trial.number, total)
+            self._log_end(study, trial.number, total)
             return list(previous.values) if self.objective_mode == "pareto" else float(previous.value)
-        self._prune_if_target_reached(study)
+        if self.stop_on_target:
+            number = target_reached(study.get_trials(deepcopy=False), self.targets)
+            if number is not None:
+                raise optuna.TrialPruned(f"Trial {number} already met both targets.")
         try:
             measurement = self.measure(params)
         except Exception as err:
-            # Optuna records a failed trial without its reason; keep it where the dashboard shows it.
-            trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
+            records.record_failure(trial, err)
             raise
-        self._prune_if_target_reached(study)
         loss = self.loss(measurement)
-        for key, value in {**measurement.user_attrs(), "loss": loss}.items():
-            trial.set_user_attr(key, value)
-        for key, value in self._constraints(measurement).items():
-            trial.set_constraint(key, value)
+        self.record(trial, measurement, loss)
         _logger.info(
-            "Current iteration acc_loss: %.4f lat_diff: %.4f exec_time: %.4f",
+            "Current iteration acc_loss: %.4f lat_diff: %.4f exec_time: %.2f min",
             measurement.acc_loss,
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        self._log_end(seen, trial.number, total, (measurement.acc_loss, measurement.lat_diff, loss))
-        values = self._values(measurement.acc_loss, measurement.lat_diff, loss)
-        return values if self.objective_mode == "pareto" else values[0]
+        self._log_end(study, trial.number, total)
+        return self.values(measurement.acc_loss, measurement.lat_diff, loss)
 
-    def _claim(
-        self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
-    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
+    def _claim(self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]) -> FrozenTrial | None:
         """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
 
-        A configuration that another running trial is measuring is waited for, so that no two
-        workers measure it twice; if that trial fails or its worker dies, this one measures it.
-
-        Returns:
-            That trial or ``None``, and the complete and running trials read to decide, which
-            the trial's last log line reuses.
+        A configuration that another running trial claimed is waited for, so that no two workers
+        measure it; if that trial's worker dies, the heartbeat fails it and this one measures.
         """
-        watch = ClaimWatch(self.wait_timeout)
+        waiter = Waiter(study)
         while True:
             with self.lock():
                 measuring = None
-                seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-                for other in seen:
+                for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
                     if other.number == trial.number or other.params != params:
                         continue
-                    if other.state == TrialState.COMPLETE and "acc_loss" in other.user_attrs:
-                        return other, seen
-                    if other.state == TrialState.RUNNING and WORKER_KEY in other.user_attrs:
+                    if other.state == TrialState.COMPLETE and records.measured(other):
+                        waiter.done()
+                        return other
+                    if other.state == TrialState.RUNNING and records.is_measuring(other):
                         measuring = other
                 if measuring is None:
-                    trial.set_user_attr(WORKER_KEY, WORKER)
-                    return None, seen
-            # Fail the trial of a dead worker (if the storage runs a heartbeat) so the wait ends.
-            with optuna_warnings_off():
-                optuna.storages.fail_stale_trials(study)
-            watch.wait(f"trial {measuring.number} of worker {measuring.user_attrs[WORKER_KEY]}")
+                    records.claim(trial)
+                    waiter.done()
+                    return None
+            waiter.beat(f"trial {measuring.number}, which measures the same configuration")
 
-    def _prune_if_target_reached(self, study: optuna.Study) -> None:
-        if self.stop_on_target:
-            number = target_reached(study)
-            if number is not None:
-                raise optuna.TrialPruned(f"Trial {number} already met both targets.")
-
-    def _log_end(
-        self,
-        seen: list[FrozenTrial],
-        number: int,
-        total: object,
-        current: tuple[float, float, float] | None = None,
-    ) -> None:
-        # ``seen`` is what _claim read before measuring. A trial that another worker finished
-        # meanwhile is missing, which is fine for a log line and spares reading every trial again.
-        trials = recorded(seen)
-        results = [result_of(t) for t in trials] + ([] if current is None else [Result(*current)])
-        index = best_index(results, self.targets)
-        if index is not None:
+    def _log_end(self, study: optuna.Study, number: int, total: object) -> None:
+        best = best_trial(study.get_trials(deepcopy=False), self.targets)
+        if best is not None:
             _logger.info(
                 "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f",
-                number + 1,
+                number,
                 total,
-                results[index].acc_loss,
-                results[index].lat_diff,
+                best.user_attrs["acc_loss"],
+                best.user_attrs["lat_diff"],
             )

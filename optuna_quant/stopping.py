@@ -1,62 +1,40 @@
-"""``stop_on_target`` across every worker of a study.
+"""``stop_on_target``, decided from the study's trials: no flag to write or to race on.
 
-``study.stop()`` stops only the calling process, so the first worker whose trial meets both targets
-writes a flag into the study's storage (a study user attr). Every worker reads it after each trial
-and stops (:class:`StopOnTarget`; ``QuantStudy.optimize`` also before its first trial and after
-waiting for other workers' trials), and the objective reads it before and after its measurement
-and prunes the trial it is running, so each worker stops within the trial it is running when the
-flag is set.
+A trial that completed with a recorded ``acc_loss`` and ``lat_diff`` meeting both targets stops
+every worker: each reads the trials before it asks for its next one (under the study lock, see
+:mod:`optuna_quant.worker`), and the objective reads them again before it measures, pruning a
+trial that would measure for nothing. The reference trial does not count: it is the baseline.
 
 Example:
     >>> import optuna
     >>> from optuna_quant.loss import Targets
     >>> study = optuna.create_study()
-    >>> callback = StopOnTarget(Targets(accuracy_loss=1.0, latency_reduce=1.2))
-    >>> study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3, callbacks=[callback])
-    >>> target_reached(study) is None
+    >>> study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={"acc_loss": 0.001, "lat_diff": 2.0}))
+    >>> target_reached(study.trials, Targets(accuracy_loss=1.0, latency_reduce=1.5))
+    0
+    >>> target_reached(study.trials, Targets(accuracy_loss=1.0, latency_reduce=3.0)) is None
     True
 """
 
 from __future__ import annotations
 
-import optuna
+from collections.abc import Sequence
+
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_quant.loss import Targets
-
-TARGET_REACHED_KEY = "target_reached_by_trial"
-
-
-def target_reached(study: optuna.Study) -> int | None:
-    """The number of the trial that met both targets first, or ``None``."""
-    return study.user_attrs.get(TARGET_REACHED_KEY)
+from optuna_quant.records import is_reference
+from optuna_quant.records import measured
 
 
 def meets_targets(trial: FrozenTrial, targets: Targets) -> bool:
     """Whether a completed trial's recorded ``acc_loss`` and ``lat_diff`` meet both targets."""
     attrs = trial.user_attrs
-    return (
-        trial.state == TrialState.COMPLETE
-        and "acc_loss" in attrs
-        and targets.met(attrs["acc_loss"], attrs["lat_diff"])
-    )
+    return trial.state == TrialState.COMPLETE and measured(trial) and targets.met(attrs["acc_loss"], attrs["lat_diff"])
 
 
-class StopOnTarget:
-    """An ``optimize`` callback that stops every worker once a trial meets both targets.
-
-    Args:
-        targets: The accuracy and latency targets.
-    """
-
-    def __init__(self, targets: Targets) -> None:
-        self.targets = targets
-
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        reached = target_reached(study)
-        if reached is None and meets_targets(trial, self.targets):
-            study.set_user_attr(TARGET_REACHED_KEY, trial.number)
-            reached = trial.number
-        if reached is not None:
-            study.stop()
+def target_reached(trials: Sequence[FrozenTrial], targets: Targets) -> int | None:
+    """The number of the first trial (by number) other than the reference that met both targets."""
+    met = [t.number for t in trials if not is_reference(t) and meets_targets(t, targets)]
+    return min(met, default=None)

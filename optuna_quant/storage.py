@@ -1,17 +1,21 @@
 """Opening the storage a study lives in, and the lock its workers share.
 
-The default is an embedded SQLite file. Any Optuna RDB URL works; for a database server
-(PostgreSQL, MySQL: every URL but ``sqlite``) the storage runs Optuna's heartbeat, so a trial
-whose worker died is marked failed after ``grace_period`` seconds and run again by another
-worker. A storage that cannot be reached is an error that names its URL (password masked)
-before anything is written.
+The default is an embedded SQLite file. Any Optuna RDB URL works, SQLite included, and every one
+runs Optuna's heartbeat: a trial whose worker died is marked failed after ``grace_period`` seconds
+and queued again (:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), to be run by another
+worker. A storage that cannot be reached is an error that names its URL (password masked) before
+anything is written.
 
 Example:
-    >>> storage = open_storage("sqlite:///:memory:")
-    >>> heartbeat_interval(storage) is None
-    True
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> storage = open_storage(f"sqlite:///{folder}/study.db", heartbeat_interval=5, grace_period=15)
+    >>> heartbeat_interval(storage), grace_period(storage)
+    (5, 15)
     >>> masked_url("postgresql://quant:secret@db.example.com/studies")
     'postgresql://quant:***@db.example.com/studies'
+    >>> masked_url("quant:p@ss@db.example.com/studies?password=p@ss")
+    'quant:***@db.example.com/studies?password=***'
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 import hashlib
+import logging
 from pathlib import Path
 import re
 import threading
@@ -40,7 +45,10 @@ GRACE_PERIOD = 30
 MAX_RETRY = 3
 ARTIFACT_DIR_SUFFIX = "-artifacts"
 DEFAULT_ARTIFACT_DIR = "optuna_quant" + ARTIFACT_DIR_SUFFIX
+POLL_SECONDS = 0.5
+SQLITE_BUSY_SECONDS = 60.0
 _CREATE_ATTEMPTS = 5
+_logger = logging.getLogger("optuna_quant")
 
 StudyLock = Callable[[], AbstractContextManager[None]]
 
@@ -49,12 +57,30 @@ class StorageError(ValueError):
     """A storage that cannot be opened; the message names its URL with the password masked."""
 
 
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&]*", re.IGNORECASE)
+
+
 def masked_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, fit for a log line or an error."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sqlalchemy.exc.ArgumentError:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """``url`` with its password replaced by ``***``, fit for a log line or an error.
+
+    The URL need not parse: a password before the host (``user:pw@host``, with or without a
+    scheme, even holding an unescaped ``@``) and one in the query (``?password=pw``) are masked.
+
+    Example:
+        >>> masked_url("postgresql://quant:p@ss@db/studies")
+        'postgresql://quant:***@db/studies'
+        >>> masked_url("sqlite:///runs/a@b/study.db")
+        'sqlite:///runs/a@b/study.db'
+    """
+    address, mark, query = url.partition("?")
+    query = _QUERY_PASSWORD.sub(r"\1***", mark + query)
+    # The host follows the last "@": a password may hold "@", a host name may not.
+    credentials, at, host = address.rpartition("@")
+    scheme, sep, userinfo = credentials.rpartition("://")
+    if at and ":" in userinfo and "/" not in userinfo.split(":", 1)[0]:
+        user = userinfo.split(":", 1)[0]
+        address = f"{scheme}{sep}{user}:***@{host}"
+    return address + query
 
 
 def describe(storage: str | BaseStorage) -> str:
@@ -75,10 +101,10 @@ def open_storage(
 ) -> BaseStorage:
     """The storage of a study: ``storage`` itself when it is a storage object, else its URL opened.
 
-    A database server gets Optuna's heartbeat: every ``heartbeat_interval`` seconds a running
-    trial says it is alive; one silent for ``grace_period`` seconds is marked failed and queued
-    again (at most ``max_retry`` times), so a killed worker loses no trial. SQLite gets none: it
-    serves one machine, where a worker is best stopped with Ctrl-C.
+    Every RDB storage, SQLite included, gets Optuna's heartbeat: every ``heartbeat_interval``
+    seconds a running trial says it is alive; one silent for ``grace_period`` seconds is marked
+    failed and queued again (at most ``max_retry`` times), so a killed worker loses no trial and
+    holds no place in the budget for ever. Another storage object is returned as it is.
 
     Args:
         storage: An Optuna storage URL, a storage object, or ``None`` for :data:`DEFAULT_STORAGE`.
@@ -94,21 +120,52 @@ def open_storage(
         return storage
     url = DEFAULT_STORAGE if storage is None else storage
     try:
-        dialect = make_url(url).get_backend_name()
-    except sqlalchemy.exc.ArgumentError as err:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is no number
         raise StorageError(f"Storage URL {masked_url(url)!r} is not a database URL: {err}") from err
-    heartbeat: dict[str, Any] = {}
-    if dialect != "sqlite":
-        heartbeat = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": _retry(max_retry),
-        }
+    options: dict[str, Any] = {}
+    sqlite = parsed.get_backend_name() == "sqlite"
+    in_memory = sqlite and parsed.database in (None, "", ":memory:")
+    if sqlite and "timeout" not in parsed.query:
+        # Workers and their heartbeat threads write to one file: a writer waits for the file's
+        # lock up to this long (Python's default, 5 s, is short on a busy machine).
+        options["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_SECONDS}}
+    # Optuna's heartbeat thread opens its own connection: an in-memory database has none to share.
+    if not in_memory:
+        options.update(
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=_retry(max_retry),
+        )
     try:
-        return _rdb_storage(url, heartbeat)
+        storage = _rdb_storage(url, options)
+        if sqlite and not in_memory:  # an in-memory database lives in its one connection: kept
+            _immediate_transactions(storage.engine)
+        return storage
     except (ImportError, sqlalchemy.exc.SQLAlchemyError) as err:
         reason = getattr(err, "orig", None) or err
         raise StorageError(f"Cannot open the storage {masked_url(url)!r}: {reason}".strip()) from err
+
+
+def _immediate_transactions(engine: sqlalchemy.engine.Engine) -> None:
+    """Begin every SQLite transaction with ``BEGIN IMMEDIATE``.
+
+    Optuna reads, then writes, in one transaction (the heartbeat does). Under SQLite's default
+    deferred transactions two such writers deadlock, and SQLite fails one at once with "database
+    is locked" instead of letting it wait: a worker and its own heartbeat thread are enough.
+    Taking the write lock first makes each one wait its turn (up to ``SQLITE_BUSY_SECONDS``).
+    SQLAlchemy's recipe for pysqlite: see its "Serializable isolation / Savepoints" notes.
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the listeners get them when reopened
 
 
 def _rdb_storage(url: str, options: dict[str, Any]) -> RDBStorage:
@@ -153,7 +210,17 @@ def sqlite_file(storage: str | BaseStorage) -> Path | None:
 
 def heartbeat_interval(storage: BaseStorage) -> int | None:
     """Seconds between heartbeats of ``storage``, or ``None`` where it runs no heartbeat."""
-    return storage.heartbeat_interval if isinstance(storage, RDBStorage) else None
+    return storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
+
+
+def grace_period(storage: BaseStorage) -> int | None:
+    """Seconds without a heartbeat after which ``storage`` fails a running trial, or ``None``
+    where it runs no heartbeat (Optuna's default grace is two intervals)."""
+    interval = heartbeat_interval(storage)
+    if interval is None:
+        return None
+    assert isinstance(storage, RDBStorage)
+    return storage.grace_period or 2 * interval
 
 
 def default_artifact_dir(storage: BaseStorage, given: str | Path | None = None) -> Path:
@@ -228,3 +295,54 @@ def optuna_warnings_off() -> Iterator[None]:
 def _retry(max_retry: int) -> RetryHeartbeatStaleTrialCallback:
     with optuna_warnings_off():
         return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+
+class Waiter:
+    """Waits on the trials of other workers, each wait bounded by Optuna's heartbeat.
+
+    Every beat fails the trials whose heartbeat stopped for the storage's grace period (and
+    queues them again), so a wait on a dead worker's trial ends after that grace period; on a
+    live worker's, when its trial ends. The total of a wait is logged when it ends.
+
+    Args:
+        study: The study whose trials are waited on.
+        poll_seconds: Seconds between two looks.
+
+    Example:
+        >>> waiter = Waiter(optuna.create_study(), poll_seconds=0.01)
+        >>> waiter.beat("trial 3")
+        >>> waiter.waited > 0
+        True
+        >>> waiter.done()
+    """
+
+    def __init__(self, study: optuna.Study, poll_seconds: float = POLL_SECONDS) -> None:
+        self.study = study
+        self.poll_seconds = poll_seconds
+        self.what: str | None = None
+        self.since = 0.0
+
+    @property
+    def waited(self) -> float:
+        """Seconds of the wait under way (0 when none is)."""
+        return 0.0 if self.what is None else time.monotonic() - self.since
+
+    def beat(self, what: str) -> None:
+        """Wait one poll for ``what``, then fail the trials of dead workers."""
+        if self.what is None:
+            self.what, self.since = what, time.monotonic()
+            _logger.info("Waiting for %s.", what)
+        time.sleep(self.poll_seconds)
+        fail_stale_trials(self.study)
+
+    def done(self) -> None:
+        """End the wait under way, logging how long it took."""
+        if self.what is not None:
+            _logger.info("Waited %.1f s for %s.", self.waited, self.what)
+            self.what = None
+
+
+def fail_stale_trials(study: optuna.Study) -> None:
+    """Fail (and queue again) the running trials whose worker stopped beating; see Optuna's."""
+    with optuna_warnings_off():
+        optuna.storages.fail_stale_trials(study)

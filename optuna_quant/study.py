@@ -11,7 +11,9 @@ Example:
 
 Several workers (processes or machines) share a study through a database URL: each runs the same
 ``create_study(..., storage="postgresql://...", trials_load_method="warm_start")`` and
-``optimize(n_trials)``; together they run ``n_trials`` trials (see :mod:`optuna_quant.budget`).
+``optimize(n_trials)``; together they run ``n_trials`` trials (see :mod:`optuna_quant.worker`).
+The load methods are :mod:`optuna_quant.load_methods`, the stored records
+:mod:`optuna_quant.records`.
 """
 
 from __future__ import annotations
@@ -19,52 +21,43 @@ from __future__ import annotations
 from collections.abc import Iterable
 import logging
 from pathlib import Path
-import time
 from typing import Any
 
 import onnx
 import optuna
-from optuna.trial import TrialState
-from tqdm import tqdm
 
+from optuna_quant import records
+from optuna_quant.artifacts import check_writable
 from optuna_quant.artifacts import upload_model
-from optuna_quant.budget import counted_trials
-from optuna_quant.budget import reserve_trial
-
 from optuna_quant.evaluate import EvalFn
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.load_methods import FINE_TUNE_SUFFIX
+from optuna_quant.load_methods import open_study
+from optuna_quant.load_methods import plan_load
+from optuna_quant.load_methods import TRIALS_LOAD_METHODS
 from optuna_quant.loss import Targets
 from optuna_quant.model_io import ModelLike
 from optuna_quant.objective import OBJECTIVE_MODES
 from optuna_quant.objective import QuantizationObjective
-from optuna_quant.objective import SPACE_KEY
 from optuna_quant.results import best_trial
 from optuna_quant.results import BestResult
 from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.space import SCOPES
-from optuna_quant.space import SearchSpace
-from optuna_quant.stopping import StopOnTarget
-from optuna_quant.stopping import target_reached
 from optuna_quant.storage import default_artifact_dir
-from optuna_quant.storage import describe
 from optuna_quant.storage import GRACE_PERIOD
 from optuna_quant.storage import HEARTBEAT_INTERVAL
-from optuna_quant.storage import heartbeat_interval
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import optuna_warnings_off
 from optuna_quant.storage import study_lock
 from optuna_quant.storage import StudyLock
+from optuna_quant.worker import Worker
+
+__all__ = ["FINE_TUNE_SUFFIX", "QuantStudy", "TRIALS_LOAD_METHODS", "create_study"]
 
 _logger = logging.getLogger("optuna_quant")
 
-TRIALS_LOAD_METHODS = ("cold_start", "warm_start", "fine_tune", "eval")
-FINE_TUNE_SUFFIX = "-fine_tune"
-# Node -> torch module name, so that a user can tell which layer stayed in fp32.
-MODULES_KEY = "module_of_node"
-DIRECTIONS = {"loss": ["minimize"], "pareto": ["minimize", "maximize"]}
 METRIC_NAMES = {"loss": ["loss"], "pareto": ["acc_loss", "lat_diff"]}
-IDLE_SECONDS = 1.0
 
 
 class QuantStudy:
@@ -125,73 +118,57 @@ class QuantStudy:
     ) -> BestResult | None:
         """Run trials until the study holds ``n_trials`` of them (POT's ``max_trials``).
 
-        ``n_trials`` is the study's total, shared by every worker: under ``warm_start`` the
-        earlier trials count, and workers on one storage stop together at ``n_trials``. A trial
-        that fails is recorded as failed with its reason and the run goes on. On a database
-        server a worker that ran out of trials waits for the trials other workers are running,
-        so that one whose worker died is run again here. At the end the best model is stored
-        as an artifact of the study.
+        ``n_trials`` is the study's total, shared by every worker and counting the reference:
+        under ``warm_start`` the earlier trials count, and workers on one storage stop together
+        at ``n_trials``. A trial that fails is recorded as failed with its reason and the run goes
+        on; a trial whose worker died is failed by Optuna's heartbeat and run again by another
+        worker (see :mod:`optuna_quant.worker`). At the end the best model is stored as an
+        artifact of the study.
 
         Args:
             n_trials: Total trials wanted in the study; ``None`` runs until ``timeout``.
-            timeout: Seconds (POT's ``max_minutes * 60``); the running trial is completed.
-            show_progress_bar: Show a progress bar of the study's trials.
+            timeout: Seconds (POT's ``max_minutes * 60``) after which no trial starts.
+            show_progress_bar: Show trial k of N, the best result so far and the time left.
             callbacks: More ``optimize`` callbacks, called after each trial.
 
         Returns:
             The best result, or ``None`` when no trial completed.
+
+        Raises:
+            ValueError: If neither ``n_trials`` nor ``timeout`` is a positive number.
+            optuna_quant.artifacts.NotWritableError: If the artifact folder cannot be written,
+                before any trial.
+            optuna_quant.reference.ReferenceMeasurementError: If ``eval_fn`` fails on the reference.
 
         Example:
             >>> best = study.optimize(n_trials=100, timeout=3600)   # doctest: +SKIP
         """
         if n_trials is None and timeout is None:
             raise ValueError("Give n_trials (max_trials) or timeout (max_minutes), or both.")
+        if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+            raise ValueError(f"n_trials (max_trials) must be a positive integer, got {n_trials!r}.")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
         if self.run_trials:
+            check_writable(self.artifact_dir, "artifact_dir")
             self.objective.max_trials = n_trials
-            self.objective.prepare(self.study)
-            self._run(n_trials, timeout, [*callbacks], show_progress_bar)
+            Worker(
+                self.study,
+                self.storage,
+                self.objective,
+                self.lock,
+                n_trials,
+                timeout=timeout,
+                stop_on_target=self.stop_on_target,
+                callbacks=[*callbacks],
+                show_progress_bar=show_progress_bar,
+            ).run()
         best = self.best_result
         if best is not None:
             _logger.info(best.summary())
             if self.run_trials:
                 upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: self._model_of(best))
         return best
-
-    def _run(self, n_trials: int | None, timeout: float | None, callbacks: list[Any], progress: bool) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        heartbeat = heartbeat_interval(self.storage) is not None
-        if self.stop_on_target:
-            callbacks.append(StopOnTarget(self.targets))
-        with tqdm(total=n_trials, disable=not progress, unit="trial") as bar:
-            # Another worker may have met the targets before the first trial or while this one
-            # waited idle. After a trial, StopOnTarget has just read the flag: not again here.
-            read_stop_flag = True
-            while not self._finished(deadline, read_stop_flag):
-                read_stop_flag = False
-                if reserve_trial(self.study, self.storage, n_trials, self.lock, running_counts=heartbeat):
-                    self.study.optimize(self.objective, n_trials=1, catch=(Exception,), callbacks=callbacks)
-                    if progress:  # counting reads every trial: only for a bar that shows it
-                        bar.update(counted_trials(self.study.get_trials(deepcopy=False), heartbeat) - bar.n)
-                    # A callback's study.stop() ends only Optuna's one-trial loop; honour it here.
-                    if self.study._stop_flag:
-                        return
-                elif heartbeat and self._unfinished_trials():
-                    # Another worker's trial is running; if that worker dies, its trial is queued
-                    # again once its heartbeat is stale, and run here.
-                    time.sleep(IDLE_SECONDS)
-                    with optuna_warnings_off():
-                        optuna.storages.fail_stale_trials(self.study)
-                    read_stop_flag = True
-                else:
-                    return
-
-    def _finished(self, deadline: float | None, read_stop_flag: bool) -> bool:
-        if deadline is not None and time.monotonic() >= deadline:
-            return True
-        return read_stop_flag and self.stop_on_target and target_reached(self.study) is not None
-
-    def _unfinished_trials(self) -> bool:
-        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)))
 
     @property
     def best_result(self) -> BestResult | None:
@@ -202,7 +179,7 @@ class QuantStudy:
     @property
     def node_modules(self) -> dict[str, str]:
         """For a study of a ``torch.nn.Module``: the module name of each tunable ONNX node."""
-        return dict(self.study.user_attrs.get(MODULES_KEY, {}))
+        return records.node_modules(self.study)
 
     def fallback_modules(self, best: BestResult | None = None) -> list[str]:
         """The layers that the best trial keeps in fp32, by module name where one is known.
@@ -254,13 +231,16 @@ class QuantStudy:
                 otherwise it is read from the study.
 
         Raises:
+            optuna_quant.artifacts.NotWritableError: If ``path`` or the artifact folder cannot be
+                written, before the model is built.
             RuntimeError: If no trial has completed.
         """
+        path = Path(path)
+        check_writable(path, "export path", is_file=True)
+        check_writable(self.artifact_dir, "artifact_dir")
         if best is None:
             best = self._require_best()
         model = self._model_of(best)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))
         upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
@@ -310,8 +290,8 @@ def create_study(
         sampler: ``"tpe"`` (default), ``"gp"``, ``"random"``, or any Optuna sampler.
         seed: Seed of a sampler given by name.
         storage: Any Optuna storage URL or object; default an SQLite file, ``optuna_quant.db``.
-            A database server (``postgresql://...``) lets workers on many machines share the
-            study, with a heartbeat that runs again the trial of a worker that died.
+            Every database runs Optuna's heartbeat, which runs again the trial of a worker that
+            died; a database server (``postgresql://...``) lets workers on many machines share it.
         study_name: The study's name in the storage.
         trials_load_method: ``cold_start``, ``warm_start``, ``fine_tune`` or ``eval`` (POT's).
             Every worker of a shared study uses ``warm_start``: it runs on the search space that
@@ -330,7 +310,7 @@ def create_study(
             optuna-dashboard shows. ``best_result`` follows POT's rule in both.
         artifact_dir: Folder of the artifact store for the best model (optuna-dashboard's
             ``--artifact-dir``); default beside the SQLite file, or ``./optuna_quant-artifacts``.
-        heartbeat_interval: Seconds between heartbeats of a running trial (database servers).
+        heartbeat_interval: Seconds between heartbeats of a running trial (every database).
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
 
     Returns:
@@ -342,10 +322,9 @@ def create_study(
             :class:`optuna_quant.storage.StorageError` (a ``ValueError``) naming its URL, before
             anything is written.
     """
-    if trials_load_method not in TRIALS_LOAD_METHODS:
-        raise ValueError(
-            f"Unknown trials_load_method {trials_load_method!r}; choose from {TRIALS_LOAD_METHODS}."
-        )
+    # Stages, in this order so that nothing stored is touched before every check passed:
+    # settings; the storage, read only; the model and data (preparation, calibration: the
+    # objective); the folders written to; only then the study is deleted, created or joined.
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
@@ -363,23 +342,8 @@ def create_study(
 
         model, node_modules = export_module(model, example_inputs)
     scopes = tuple(scopes)
-
-    space = None
-    name = study_name
-    if trials_load_method == "fine_tune":
-        previous = _load_or_none(study_name, storage_obj)
-        if previous is None:
-            _logger.info("No study %r to fine-tune: starting with cold_start.", study_name)
-            trials_load_method = "cold_start"
-        else:
-            space = _narrowed_space(previous, scopes, targets)
-            name = study_name + FINE_TUNE_SUFFIX
-    # Looked up once, and before the objective, whose set-up (sessions, hashing) costs seconds.
-    existing = _load_or_none(name, storage_obj, sampler_obj)
-    if trials_load_method == "eval":
-        if existing is None:
-            raise ValueError(f"No study {name!r} in {describe(storage_obj)} to evaluate; run the tuning first.")
-        space = _stored_space(existing)
+    plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
+    lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
         model,
         calibration_data,
@@ -387,102 +351,29 @@ def create_study(
         targets=targets,
         scopes=scopes,
         nodes=nodes,
-        space=space,
+        space=plan.space,
         benchmark=benchmark,
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,
         stop_on_target=stop_on_target,
         objective_mode=objective_mode,
-        lock=study_lock(storage_obj, name),
+        lock=lock,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
-    if trials_load_method == "eval":
-        return QuantStudy(existing, objective, storage_obj, artifact_dir, run_trials=False)
-    if trials_load_method == "warm_start":
-        if existing is None:
-            _logger.info("No study %r to warm-start: starting with cold_start.", name)
-    elif existing is not None:
-        _logger.info("cold_start: deleting the existing study %r.", name)
-        optuna.delete_study(study_name=name, storage=storage_obj)
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage_obj,
-        sampler=sampler_obj,
-        directions=DIRECTIONS[objective_mode],
-        load_if_exists=True,
-    )
-    if len(study.directions) != len(DIRECTIONS[objective_mode]):
-        raise ValueError(
-            f"Study {name!r} has {len(study.directions)} objective(s), not {objective_mode!r} mode's "
-            f"{len(DIRECTIONS[objective_mode])}; use another study name or cold_start."
+    if plan.method == "eval":
+        study = open_study(plan, storage_obj, sampler_obj, objective_mode)
+        return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
+    check_writable(artifact_dir, "artifact_dir")
+    study = open_study(plan, storage_obj, sampler_obj, objective_mode)
+    with lock():
+        objective.space = records.share_records(
+            study, space=objective.space, fingerprint=objective.model_sha256, targets=targets, node_modules=node_modules
         )
-    _share_space(study, objective)
-    if node_modules:
-        study.set_user_attr(MODULES_KEY, node_modules)
     if study.metric_names is None:
         with optuna_warnings_off():
             study.set_metric_names(METRIC_NAMES[objective_mode])
     _ensure_log_handler()
     return QuantStudy(study, objective, storage_obj, artifact_dir)
-
-
-def _load_or_none(
-    study_name: str, storage: optuna.storages.BaseStorage, sampler: optuna.samplers.BaseSampler | None = None
-) -> optuna.Study | None:
-    try:
-        return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    except KeyError:
-        return None
-
-
-def _share_space(study: optuna.Study, objective: QuantizationObjective) -> None:
-    """Record the objective's space in a new study, or give the objective the one stored.
-
-    The stored space wins: a fine_tune study's space is narrowed around a best trial that a
-    worker joining it cannot find again, as the earlier study may have moved on. Recording it
-    when the study is made, not at its first trial, lets a worker that joins meanwhile find it.
-
-    Raises:
-        ValueError: If the stored space has other parameters or choices than the objective's.
-    """
-    with objective.lock():
-        stored = study.user_attrs.get(SPACE_KEY)
-        if stored is None:
-            study.set_user_attr(SPACE_KEY, objective.space.to_dict())
-            return
-    space = SearchSpace.from_dict(stored)
-    theirs, ours = space.distributions(), objective.space.distributions()
-    if theirs != ours:
-        differing = sorted(name for name in theirs.keys() | ours.keys() if theirs.get(name) != ours.get(name))
-        raise ValueError(
-            f"Study {study.study_name!r} was made with another search space: parameter(s) {differing} "
-            "differ; give the study's scopes and nodes, or use another study name or cold_start."
-        )
-    objective.space = space
-
-
-def _stored_space(study: optuna.Study) -> SearchSpace:
-    """The search space that ``create_study`` stored with ``study``.
-
-    Raises:
-        ValueError: If the study holds none, as a study made outside optuna-quant does not.
-    """
-    stored = study.user_attrs.get(SPACE_KEY)
-    if stored is None:
-        raise ValueError(
-            f"Study {study.study_name!r} holds no optuna-quant search space (user attr {SPACE_KEY!r}); "
-            "it was not made by optuna_quant.create_study."
-        )
-    return SearchSpace.from_dict(stored)
-
-
-def _narrowed_space(previous: optuna.Study, scopes: tuple[str, ...], targets: Targets) -> SearchSpace:
-    space = _stored_space(previous)
-    best = best_trial(previous.get_trials(deepcopy=False), targets)
-    if best is None:
-        raise ValueError(f"Study {previous.study_name!r} has no completed trial to fine-tune around.")
-    _logger.info("fine_tune: narrowing to %s around trial %d.", sorted(scopes), best.number)
-    return space.narrow(space.to_config(best.params), scopes)
 
 
 def _ensure_log_handler() -> None:

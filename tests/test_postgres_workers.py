@@ -9,14 +9,11 @@ measured twice, stop_on_target, and a killed worker's trial run again.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 import signal
 import socket
 import subprocess
 import sys
-import time
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -24,13 +21,14 @@ from optuna.trial import TrialState
 import pytest
 
 from conftest import subprocess_env
-from optuna_quant.budget import counted_trials
+from optuna_quant.testing.postgres import postgresql_psycopg2
 from optuna_quant.loss import Targets
-from optuna_quant.objective import SCALING_KEY
-from optuna_quant.objective import TARGETS_KEY
-from optuna_quant.objective import WORKER_KEY
+from optuna_quant.records import SCALING_KEY
+from optuna_quant.records import TARGETS_KEY
+from optuna_quant.records import WORKER_KEY
 from optuna_quant.stopping import meets_targets
 from optuna_quant.stopping import target_reached
+from optuna_quant.worker import counted_trials
 
 pytestmark = pytest.mark.postgres
 
@@ -58,34 +56,10 @@ def _trials(url: str, study: str) -> list[FrozenTrial]:
     return optuna.load_study(study_name=study, storage=url).get_trials()
 
 
-def _wait_for(condition: Callable[[], FrozenTrial | None], what: str) -> FrozenTrial:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        found = condition()
-        if found is not None:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _running_trial_of(url: str, study: str, worker: subprocess.Popen[str]) -> Callable[[], FrozenTrial | None]:
-    name = f"{socket.gethostname()}:{worker.pid}"
-
-    def find() -> FrozenTrial | None:
-        try:
-            trials = _trials(url, study)
-        except KeyError:  # the study is not created yet
-            return None
-        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_KEY) == name]
-        return running[0] if running else None
-
-    return find
-
-
 def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
     states = Counter(t.state for t in trials)
     assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0, states
-    assert counted_trials(trials, running_counts=True) == n_trials
+    assert counted_trials(trials) == n_trials
     assert sum(1 for t in trials if t.user_attrs.get("reference")) == 1
     measured = [
         tuple(sorted(t.params.items()))
@@ -96,6 +70,7 @@ def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
 
 
 def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: str) -> None:
+    assert postgres_url.startswith("postgresql://")  # as the docs show it: psycopg 3
     workers = [_start(postgres_url, "three", 15, "--seed", str(seed)) for seed in range(3)]
     _finish(workers)
     trials = _trials(postgres_url, "three")
@@ -113,54 +88,56 @@ def test_stop_on_target_stops_every_worker_within_one_trial(postgres_url: str) -
     workers = [_start(postgres_url, "stop", 40, "--seed", str(seed), *easy) for seed in range(3)]
     _finish(workers)
     study = optuna.load_study(study_name="stop", storage=postgres_url)
-    first = target_reached(study)
-    assert first is not None
-    # The flag names a non-reference trial that met both targets, the first to complete. The workers'
-    # callbacks read the flag, then write it, without a lock: a trial that completed while the
-    # earliest one's callback ran may win that race, never one that completed after it.
     targets = Targets(**study.user_attrs[TARGETS_KEY])
     assert (targets.accuracy_loss, targets.latency_reduce) == (50.0, 0.05)
-    met = sorted(
-        (t for t in study.trials if not t.user_attrs.get("reference") and meets_targets(t, targets)),
-        key=lambda t: t.datetime_complete,
-    )
-    assert first in {t.number for t in met}, [(t.number, t.state) for t in study.trials]
-    flagged = study.trials[first]
-    assert flagged.datetime_complete - met[0].datetime_complete < timedelta(seconds=1), (first, met[0].number)
+    first = target_reached(study.trials, targets)
+    assert first is not None
+    # No worker asked for a trial once one had met both targets: the later trials were already
+    # running then (at most the other two workers' trials).
+    met = min(t.datetime_complete for t in study.trials if meets_targets(t, targets) and not t.user_attrs.get("reference"))
+    started_after = [t.number for t in study.trials if t.datetime_start > met]
+    assert started_after == [], started_after
     later = [t for t in study.trials if t.number > first]
-    assert len(later) <= 2, [(t.number, t.state) for t in later]  # the other two workers' running trials
+    assert len(later) <= 2, [(t.number, t.state) for t in later]
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
 
 
+def test_the_psycopg2_url_form_works_too(postgres_url: str) -> None:
+    url = postgresql_psycopg2(postgres_url)
+    _finish([_start(url, "psycopg2", 3)])
+    trials = _trials(url, "psycopg2")
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+
+
 def test_killed_worker_trial_is_failed_by_heartbeat_and_run_again(postgres_url: str) -> None:
-    workers = [_start(postgres_url, "kill", 12, "--seed", str(seed), "--eval-sleep", "0.4") for seed in range(3)]
-    victim = _wait_for(_running_trial_of(postgres_url, "kill", workers[0]), "a running trial of worker 0")
-    workers[0].send_signal(signal.SIGKILL)
-    workers[0].wait(timeout=TIMEOUT)
+    # Worker 0 is killed in the latency measurement of its first trial.
+    workers = [
+        _start(postgres_url, "kill", 12, "--seed", str(seed), "--eval-sleep", "0.4", *(["--die-at", "latency:1"] if seed == 0 else []))
+        for seed in range(3)
+    ]
+    assert workers[0].wait(timeout=TIMEOUT) == -signal.SIGKILL
     _finish(workers[1:])
     trials = _trials(postgres_url, "kill")
-    killed = trials[victim.number]
+    (killed,) = [t for t in trials if t.user_attrs.get(WORKER_KEY) == f"{socket.gethostname()}:{workers[0].pid}"]
     assert killed.state == TrialState.FAIL
-    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == killed.params
     _assert_complete_study(trials, 12)
 
 
 def test_warm_start_after_an_interrupted_run_keeps_every_trial(postgres_url: str) -> None:
-    first = _start(postgres_url, "resume", 8, "--eval-sleep", "0.3")
-    find = _running_trial_of(postgres_url, "resume", first)
-
-    def third_running() -> FrozenTrial | None:
-        running = find()
-        return running if running is not None and running.number >= 3 else None
-
-    victim = _wait_for(third_running, "the fourth trial of the first run")
-    first.send_signal(signal.SIGKILL)
+    # Evaluations: the fp32 model, the reference, then one per trial: the 5th is trial 3's.
+    first = _start(postgres_url, "resume", 8, "--die-at", "eval:5")
     first.wait(timeout=TIMEOUT)
-    before = [(t.number, t.params, t.state) for t in _trials(postgres_url, "resume") if t.number < victim.number]
+    assert first.returncode == -signal.SIGKILL
+    before = _trials(postgres_url, "resume")
+    victim = before[-1]
+    assert victim.number == 3 and victim.state == TrialState.RUNNING
     _finish([_start(postgres_url, "resume", 8)])
     trials = _trials(postgres_url, "resume")
-    assert [(t.number, t.params, t.state) for t in trials[: len(before)]] == before
-    assert trials[victim.number].state == TrialState.FAIL
+    assert [(t.number, t.params, t.state) for t in trials[:3]] == [(t.number, t.params, t.state) for t in before[:3]]
+    assert trials[3].state == TrialState.FAIL
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == 3]
+    assert retry.state == TrialState.COMPLETE and retry.params == victim.params
     _assert_complete_study(trials, 8)

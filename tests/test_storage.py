@@ -1,9 +1,8 @@
-"""Storage URLs, errors before any work, the shared budget and reference, artifacts, Pareto mode."""
+"""Storage URLs and passwords, the heartbeat, errors before anything is stored, the budget count,
+the reference's one error, artifacts, Pareto mode."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import onnx
@@ -15,24 +14,22 @@ import pytest
 from conftest import assert_int8_layers
 import optuna_quant as oq
 from optuna_quant.artifacts import model_filename
-from optuna_quant.budget import counted_trials
-from optuna_quant.budget import RESERVED_KEY
-from optuna_quant.budget import reserve_trial
-from optuna_quant.claims import REFERENCE_CLAIM_KEY
-from optuna_quant.claims import WORKER
-from optuna_quant.objective import FP32_ACCURACY_KEY
-from optuna_quant.objective import SCALING_KEY
-from optuna_quant.objective import WORKER_KEY
+from optuna_quant.artifacts import NotWritableError
+from optuna_quant.records import SCALING_KEY
+from optuna_quant.reference import ReferenceMeasurementError
 from optuna_quant.storage import DEFAULT_ARTIFACT_DIR
 from optuna_quant.storage import default_artifact_dir
 from optuna_quant.storage import GRACE_PERIOD
+from optuna_quant.storage import grace_period
 from optuna_quant.storage import HEARTBEAT_INTERVAL
 from optuna_quant.storage import heartbeat_interval
+from optuna_quant.storage import masked_url
 from optuna_quant.storage import open_storage
 from optuna_quant.storage import sqlite_file
 from optuna_quant.storage import StorageError
 from optuna_quant.storage import study_lock
 from optuna_quant.testing.postgres import free_port
+from optuna_quant.worker import counted_trials
 
 
 def test_unreachable_storage_is_named_with_its_password_masked(tmp_path, monkeypatch, calib, agreement) -> None:
@@ -52,8 +49,30 @@ def test_malformed_url_and_missing_sqlite_folder(tmp_path) -> None:
         open_storage(f"sqlite:///{tmp_path}/no/such/folder/study.db")
 
 
-def test_heartbeat_only_for_database_servers(tmp_path) -> None:
-    assert heartbeat_interval(open_storage(f"sqlite:///{tmp_path}/s.db")) is None
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://quant:s3cret@db.example.com/studies",
+        "quant:s3cret@db.example.com/studies",  # no scheme
+        "postgresql://quant@db.example.com/studies?password=s3cret&sslmode=off",
+        "postgresql://quant:s3c@ret@db.example.com/studies",  # an unescaped "@" in the password
+        "mysql+pymysql://quant:s3c/r:et@db.example.com:3306/studies",
+    ],
+)
+def test_password_is_masked_in_every_form(tmp_path, monkeypatch, calib, agreement, url) -> None:
+    masked = masked_url(url)
+    assert "s3c" not in masked and "***" in masked and "db.example.com" in masked
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StorageError) as err:  # a real attempt to open it: the error names it masked
+        oq.create_study(tmp_path / "missing.onnx", calib, agreement, storage=url.replace("db.example.com", "127.0.0.1"))
+    assert "s3c" not in str(err.value)
+
+
+def test_heartbeat_on_every_database_sqlite_included(tmp_path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=2, grace_period=5)
+    assert (heartbeat_interval(storage), grace_period(storage)) == (2, 5)
+    # An in-memory database has no second connection for Optuna's heartbeat thread.
+    assert heartbeat_interval(open_storage("sqlite:///:memory:")) is None
     assert default_artifact_dir(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s-artifacts"
     memory = optuna.storages.InMemoryStorage()
     assert open_storage(memory) is memory
@@ -62,8 +81,7 @@ def test_heartbeat_only_for_database_servers(tmp_path) -> None:
 @pytest.mark.postgres
 def test_heartbeat_on_a_database_server(postgres_url) -> None:
     storage = open_storage(postgres_url)
-    assert heartbeat_interval(storage) == HEARTBEAT_INTERVAL
-    assert storage.grace_period == GRACE_PERIOD
+    assert (heartbeat_interval(storage), grace_period(storage)) == (HEARTBEAT_INTERVAL, GRACE_PERIOD)
     assert heartbeat_interval(open_storage(postgres_url, heartbeat_interval=3)) == 3
     assert sqlite_file(storage) is None
     assert default_artifact_dir(storage) == Path(DEFAULT_ARTIFACT_DIR)  # no file to put them beside
@@ -86,125 +104,73 @@ def test_eval_of_a_missing_study_names_study_and_storage(make_study) -> None:
         make_study(study_name="nothing-here", trials_load_method="eval")
 
 
-def test_budget_counts_a_retried_trial_once_and_runs_queued_trials_first() -> None:
-    storage = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(storage=storage)
-    lock = study_lock(storage, study.study_name)
+def test_budget_counts_running_and_queued_trials_and_a_retried_trial_once() -> None:
+    study = optuna.create_study()
     study.add_trial(optuna.trial.create_trial(value=1.0))
-    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
-    # The retry copies the system attrs of the trial it replaces, a fresh reservation mark included.
-    failed_mark = [study.trials[1]._trial_id, time.time()]
-    study.add_trial(
-        optuna.trial.create_trial(
-            state=TrialState.WAITING,
-            system_attrs={"failed_trial": 1, "retry_history": [1], RESERVED_KEY: failed_mark},
-        )
-    )
-    assert counted_trials(study.trials, running_counts=True) == 2
-    # The queued retry is reserved first, even with the budget used up; then nothing is left.
-    assert reserve_trial(study, storage, n_trials=2, lock=lock)
-    assert not reserve_trial(study, storage, n_trials=2, lock=lock)
-    assert reserve_trial(study, storage, n_trials=3, lock=lock)
-    assert len(study.get_trials(states=(TrialState.WAITING,))) == 2
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))  # its worker died: retried below
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"retry_history": [1]}))
+    assert counted_trials(study.trials) == 2
+    assert study.ask().number == 2  # the retry is popped: it takes the failed trial's place
+    assert counted_trials(study.trials) == 2
+    study.ask()
+    study.enqueue_trial({})
+    assert counted_trials(study.trials) == 4  # running and queued trials count
 
 
-def test_second_worker_waits_for_the_reference_of_the_first(cnn_path, calib, agreement, fast_bench) -> None:
-    storage = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(storage=storage)
-    shared_lock = study_lock(storage, study.study_name)
-    study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": "elsewhere:1", "beat": 0})
+def test_eval_fn_raising_on_the_reference_is_one_clear_error(make_study, agreement) -> None:
+    def broken(session):
+        raise KeyError("labels")
+
+    study = make_study(eval_fn=broken)
+    with pytest.raises(ReferenceMeasurementError) as err:
+        study.optimize(n_trials=3)
+    message = str(err.value)
+    assert "\n" not in message and "eval_fn" in message and "reference" in message and "labels" in message
+    assert study.trials == []  # the fp32 model is scored before any trial
     calls = []
 
-    def counting(session):
-        calls.append(1)
+    def int8_broken(session):  # scores the fp32 model, then raises on the int8 reference
+        calls.append(session)
+        if len(calls) > 1:
+            raise KeyError("labels")
         return agreement(session)
 
-    waiter = oq.QuantizationObjective(
-        cnn_path, calib, counting, benchmark=fast_bench, lock=shared_lock, wait_timeout=0.5
-    )
-    with pytest.raises(TimeoutError, match="reference trial of worker elsewhere:1"):
-        waiter.prepare(study)
-    # The waiter never took the other worker's claim over.
-    assert study.user_attrs[REFERENCE_CLAIM_KEY]["worker"] == "elsewhere:1"
-    assert calls == [] and study.trials == []
-
-    # That worker gives its claim up, as a failed measurement does; a real first worker (a thread
-    # here) claims the reference and measures it, its first evaluation held until the waiter
-    # has seen the claim and polled again.
-    polls = []
-    polled_twice = threading.Event()
-
-    def watched_lock():
-        polls.append(1)
-        if len(polls) == 2:
-            polled_twice.set()
-        return shared_lock()
-
-    claimed = threading.Event()
-
-    def held_first(session):
-        if not claimed.is_set():
-            claimed.set()
-            polled_twice.wait(timeout=30)
-        return agreement(session)
-
-    worker = oq.QuantizationObjective(cnn_path, calib, held_first, benchmark=fast_bench, lock=shared_lock)
-    errors = []
-
-    def run_worker() -> None:
-        try:
-            worker.prepare(study)
-        except BaseException as err:  # re-raised by the assertions below
-            errors.append(err)
-
-    study.set_user_attr(REFERENCE_CLAIM_KEY, None)
-    thread = threading.Thread(target=run_worker)
-    thread.start()
-    assert claimed.wait(timeout=30), errors
-    assert study.user_attrs[REFERENCE_CLAIM_KEY]["worker"] == WORKER and SCALING_KEY not in study.user_attrs
-    waiter.lock = watched_lock
-    waiter.wait_timeout = 30
-    waiter.prepare(study)
-    thread.join(timeout=60)
-    assert not thread.is_alive() and errors == []
-    assert polled_twice.is_set()  # the waiter saw the claim and waited
-    assert waiter.scaling is not None and worker.scaling is not None
-    # It took the scaling and fp32 score that the other worker measured and stored.
-    assert waiter.scaling == worker.scaling
-    assert waiter.scaling.to_dict() == study.user_attrs[SCALING_KEY]
-    assert waiter.fp32_accuracy == worker.fp32_accuracy == study.user_attrs[FP32_ACCURACY_KEY]
-    assert calls == []  # it measured nothing: the other worker did
-    (reference,) = study.trials
-    assert reference.user_attrs["reference"] is True and reference.user_attrs[WORKER_KEY] == WORKER
+    study = make_study(eval_fn=int8_broken)
+    with pytest.raises(ReferenceMeasurementError, match=r"eval_fn could not score the reference.*int8.*labels"):
+        study.optimize(n_trials=3)
+    (trial,) = study.trials  # nothing ran after the reference
+    assert trial.state == TrialState.FAIL and "labels" in trial.user_attrs["fail_reason"]
+    # Fixed, the next run measures the reference again and goes on; the failed one counts.
+    fixed = make_study(trials_load_method="warm_start")
+    fixed.optimize(n_trials=3)
+    assert [t.state for t in fixed.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert fixed.trials[1].user_attrs["reference"] is True and SCALING_KEY in fixed.user_attrs
 
 
-def test_failed_reference_releases_its_claim_for_a_retry(cnn_path, calib, agreement, fast_bench) -> None:
-    study = optuna.create_study()
-    calls = []
-
-    def fails_first(session):
-        calls.append(1)
-        if len(calls) == 1:
-            raise OSError("dataset shard unreadable")
-        return agreement(session)
-
-    objective = oq.QuantizationObjective(cnn_path, calib, fails_first, benchmark=fast_bench, wait_timeout=0.5)
-    with pytest.raises(RuntimeError, match="dataset shard unreadable"):
-        objective.prepare(study)
-    assert study.user_attrs[REFERENCE_CLAIM_KEY] is None  # released: no wait for it to turn stale
-    objective.prepare(study)  # the retry of the same process measures the reference at once
-    assert objective.scaling is not None
-    assert [t.user_attrs.get("reference") for t in study.trials] == [True]
+def test_bad_input_under_cold_start_deletes_nothing(tmp_path, make_study) -> None:
+    kept = make_study()
+    kept.optimize(n_trials=2)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(FileNotFoundError):
+        make_study(model=tmp_path / "missing.onnx")
+    with pytest.raises(NotWritableError, match=r"artifact_dir '.*a-file/models' is not writable"):
+        make_study(artifact_dir=blocker / "models")
+    with pytest.raises(ValueError, match="n_trials"):
+        make_study(trials_load_method="warm_start").optimize(n_trials=-5)
+    assert len(optuna.load_study(study_name="optuna-quant", storage=f"sqlite:///{tmp_path}/study.db").trials) == 2
 
 
-def test_a_claim_of_this_process_is_waited_for_not_taken_over(cnn_path, calib, agreement, fast_bench) -> None:
-    # Another thread of this process measures the reference: a second thread must not measure it too.
-    study = optuna.create_study()
-    study.set_user_attr(REFERENCE_CLAIM_KEY, {"worker": WORKER, "beat": 0})
-    objective = oq.QuantizationObjective(cnn_path, calib, agreement, benchmark=fast_bench, wait_timeout=0.5)
-    with pytest.raises(TimeoutError, match="reference trial of worker"):
-        objective.prepare(study)
-    assert study.trials == []
+def test_export_path_is_checked_before_the_model_is_built(tmp_path, make_study, monkeypatch) -> None:
+    study = make_study()
+    study.optimize(n_trials=2)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    built = []
+    monkeypatch.setattr(study.objective, "build", lambda params: built.append(params))
+    with pytest.raises(NotWritableError, match=r"export path '.*a-file/best.onnx' is not writable"):
+        study.export_best(blocker / "best.onnx")
+    assert built == []
 
 
 def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, make_study) -> None:

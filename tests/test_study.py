@@ -15,13 +15,10 @@ import pytest
 from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
-import optuna_quant.objective
-import optuna_quant.stopping
-import optuna_quant.study
 from optuna_quant.objective import FP32_ACCURACY_KEY
 from optuna_quant.objective import SCALING_KEY
-from optuna_quant.objective import WORKER_KEY
-from optuna_quant.stopping import TARGET_REACHED_KEY
+from optuna_quant.records import WORKER
+from optuna_quant.records import WORKER_KEY
 from optuna_quant.stopping import target_reached
 
 
@@ -49,9 +46,16 @@ def test_run_records_everything(make_study, caplog) -> None:
     assert met
     assert best.number == max(met, key=lambda t: (t.user_attrs["lat_diff"], -t.user_attrs["acc_loss"])).number
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("Trial iteration start: 2 / 5") for m in messages)
-    assert any(m.startswith("Current iteration acc_loss: ") and "exec_time: " in m for m in messages)
-    assert any(m.startswith("Trial iteration end: 5 / 5 acc_loss: ") for m in messages)
+    # Optuna's trial numbers: trial 0 is the reference, trials 1 to 4 the iterations.
+    starts = [m for m in messages if m.startswith("Trial iteration start: ")]
+    assert starts == [f"Trial iteration start: {n} / 5" for n in range(1, 5)]
+    assert any(m.startswith("Trial iteration end: 4 / 5 acc_loss: ") for m in messages)
+    assert any(
+        m.startswith("Current iteration acc_loss: ") and m.endswith(" min") and "exec_time: " in m for m in messages
+    )
+    before = next(i for i, m in enumerate(messages) if m.startswith("Reference (default configuration): measuring"))
+    after = messages[before + 1]
+    assert after.startswith("Reference (default configuration) acc_loss: ") and after.endswith(" s)"), after
 
 
 def test_duplicate_params_return_the_stored_result(make_study, caplog) -> None:
@@ -77,7 +81,7 @@ def test_a_repeat_of_the_reference_is_no_second_reference(make_study) -> None:
     assert len(references) == 1
     repeat = next(t for t in study.trials if "duplicate_of" in t.user_attrs)
     assert repeat.user_attrs["duplicate_of"] == references[0].number
-    assert WORKER_KEY not in repeat.user_attrs
+    assert repeat.user_attrs[WORKER_KEY] == WORKER and "reference" not in repeat.user_attrs
     assert repeat.user_attrs["lat_diff"] == references[0].user_attrs["lat_diff"]
     assert repeat.constraints == references[0].constraints
 
@@ -86,33 +90,28 @@ def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
     study = make_study(accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True)
     study.optimize(n_trials=20)
     assert len(study.trials) == 2  # the reference, then the first optimised trial meets both
-    assert target_reached(study.study) == 1
+    assert target_reached(study.trials, study.targets) == 1
     assert study.best_result.targets_met
 
 
-def test_stop_on_target_reads_the_flag_only_where_it_may_have_changed(make_study, monkeypatch) -> None:
-    # A speed-up of 50 is out of reach: the flag stays unset and every check reads storage.
+def test_stop_on_target_is_decided_from_the_trials_of_every_worker(make_study) -> None:
+    # A speed-up of 50 is out of reach: no trial of this worker meets it.
     study = make_study(latency_reduce=50.0, stop_on_target=True)
-    study.enqueue_trial(study.objective.space.default_params())  # a repeat of the reference
-    reads = []
-
-    def counted(s: optuna.Study) -> int | None:
-        reads.append(s)
-        return target_reached(s)
-
-    for module in (optuna_quant.study, optuna_quant.objective, optuna_quant.stopping):
-        monkeypatch.setattr(module, "target_reached", counted)
-    study.optimize(n_trials=4)
-    trials = [t for t in study.trials if not t.user_attrs.get("reference")]
-    duplicates = sum(1 for t in trials if "duplicate_of" in t.user_attrs)
-    assert duplicates == 1 and len(trials) == 3  # the repeat measured nothing; two trials measured
-    # Once before the first trial; per measured trial before and after measuring and in the
-    # callback; a duplicate measures nothing, so only the callback reads.
-    assert len(reads) == 1 + 3 * (len(trials) - duplicates) + duplicates
-    # Another worker met the targets meanwhile: the next run reserves no trial.
-    study.study.set_user_attr(TARGET_REACHED_KEY, trials[0].number)
-    study.optimize(n_trials=6)
+    study.optimize(n_trials=3)
+    assert len(study.trials) == 3 and target_reached(study.trials, study.targets) is None
+    # Another worker's trial met both targets: this worker runs no further trial.
+    met = study.trials[1]
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=met.params,
+            distributions=met.distributions,
+            value=0.0,
+            user_attrs={**met.user_attrs, "lat_diff": 60.0},
+        )
+    )
+    study.optimize(n_trials=8)
     assert len(study.trials) == 4
+    assert target_reached(study.trials, study.targets) == 3
 
 
 def test_failing_trial_is_recorded_and_the_study_goes_on(make_study, agreement) -> None:
@@ -159,10 +158,11 @@ def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> Non
 
 
 def test_warm_start_refuses_another_model(make_study) -> None:
-    make_study().optimize(n_trials=1)
-    other = make_study(model=build_cnn(seed=5), trials_load_method="warm_start")
+    first = make_study()
+    first.optimize(n_trials=1)
     with pytest.raises(ValueError, match="another model sha256"):
-        other.optimize(n_trials=3)
+        make_study(model=build_cnn(seed=5), trials_load_method="warm_start")
+    assert len(first.trials) == 1  # refused by create_study, before anything was stored
 
 
 def test_fine_tune_and_eval(make_study) -> None:
@@ -242,3 +242,12 @@ def test_a_latency_batch_larger_than_the_calibration_data_is_refused(make_study,
     with pytest.raises(ValueError, match=r"benchmark.batch_size: A batch of 17 samples was asked for, but the data hold 16"):
         make_study(benchmark=dataclasses.replace(fast_bench, batch_size=17))
     assert make_study(benchmark=dataclasses.replace(fast_bench, batch_size=16)).objective.latency_feed["input"].shape[0] == 16
+
+
+def test_progress_bar_shows_trial_k_of_n_the_best_and_the_time_left(make_study, capsys) -> None:
+    study = make_study(accuracy_loss=50.0)
+    best = study.optimize(n_trials=3, timeout=600, show_progress_bar=True)
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    last = [line for line in bar if "3/3" in line][-1]
+    assert f"acc_loss={best.acc_loss:.4f}" in last and f"lat_diff={best.lat_diff:.4f}" in last
+    assert "time left=" in last and " min" in last

@@ -3,14 +3,22 @@
 It tunes the tests' tiny CNN on its fixtures' data (:mod:`examples.tiny_cnn`) with
 ``trials_load_method="warm_start"``, as ``optuna-quant worker`` does on another machine.
 
+For fault injection, ``--die-at STAGE`` makes the process SIGKILL itself, as a crash or an
+out-of-memory kill would, in the middle of a stage of a trial: ``calibration`` (onnxruntime's
+range collection), ``reference`` (evaluating the reference), ``eval:N`` and ``latency:N`` (the
+N-th evaluation or latency measurement of this process).
+
 Example:
     $ python tests/worker_script.py postgresql://... --study s --n-trials 12 --eval-sleep 0.3
+    $ python tests/worker_script.py sqlite:///s.db --study s --n-trials 12 --die-at calibration
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import time
 
@@ -24,7 +32,56 @@ from conftest import FAST_BENCH  # noqa: E402  (tests/ is this script's sys.path
 from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
 from examples.tiny_cnn import fp32_agreement  # noqa: E402
+from onnxruntime.quantization import calibrate  # noqa: E402
+
 import optuna_quant as oq  # noqa: E402
+import optuna_quant.objective  # noqa: E402
+import optuna_quant.reference  # noqa: E402
+
+
+def die() -> None:
+    """End this process as the kernel kills it: no handler, no clean-up."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def inject(stage: str) -> None:
+    """SIGKILL this process in the middle of ``stage`` (see the module docstring)."""
+    name, _, count = stage.partition(":")
+    remaining = [int(count or 1)]
+    in_reference = [False]
+
+    def countdown() -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            die()
+
+    def wrap(owner: object, attr: str, before: object) -> None:
+        original = getattr(owner, attr)
+
+        def wrapped(*args: object, **kwargs: object) -> object:
+            before()  # type: ignore[operator]
+            return original(*args, **kwargs)
+
+        setattr(owner, attr, wrapped)
+
+    if name == "calibration":
+        for calibrater in (calibrate.MinMaxCalibrater, calibrate.HistogramCalibrater):
+            wrap(calibrater, "collect_data", die)
+    elif name == "reference":
+        original = optuna_quant.reference.measure_reference
+
+        def measure_reference(*args: object, **kwargs: object) -> object:
+            in_reference[0] = True
+            return original(*args, **kwargs)
+
+        optuna_quant.reference.measure_reference = measure_reference
+        wrap(optuna_quant.objective.QuantizationObjective, "_evaluate", lambda: in_reference[0] and die())
+    elif name == "eval":
+        wrap(optuna_quant.objective.QuantizationObjective, "_evaluate", countdown)
+    elif name == "latency":
+        wrap(optuna_quant.objective, "measure_latency", countdown)
+    else:
+        raise SystemExit(f"unknown --die-at stage {stage!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     # Entropy calibration takes seconds even on this model: leave the range estimator fixed.
     parser.add_argument("--scopes", default="layer,granularity,mode")
+    parser.add_argument("--die-at", default=None, help="SIGKILL this process in that stage of a trial")
+    parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if args.die_at:
+        inject(args.die_at)
+    interval, grace = (int(v) for v in args.heartbeat.split(","))
 
     model = build_cnn()
     agreement = fp32_agreement(model)
@@ -62,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         trials_load_method="warm_start",
         stop_on_target=args.stop_on_target,
         benchmark=FAST_BENCH,
-        heartbeat_interval=1,
-        grace_period=2,
+        heartbeat_interval=interval,
+        grace_period=grace,
     )
     study.optimize(n_trials=args.n_trials)
     return 0

@@ -28,6 +28,17 @@ USER = "quant"
 NO_BINARIES = "PostgreSQL binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
 
 
+def postgresql_psycopg2(url: str) -> str:
+    """The same database for the psycopg2 driver, which SQLAlchemy 2.1 opens only when named.
+
+    Example:
+        >>> postgresql_psycopg2("postgresql://quant@127.0.0.1:5432/optuna_quant")
+        'postgresql+psycopg2://quant@127.0.0.1:5432/optuna_quant'
+    """
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.split('+')[0]}+psycopg2{sep}{rest}"
+
+
 def pg_bindir() -> Path | None:
     """The newest ``/usr/lib/postgresql/<version>/bin``, or the folder of ``initdb`` on the PATH."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
@@ -79,7 +90,8 @@ def postgres_server() -> Iterator[str]:
         run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
         try:
             run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE)
-            yield f"postgresql+psycopg2://{USER}@127.0.0.1:{port}/{DATABASE}"
+            # The form the docs show: SQLAlchemy 2.1 opens it with psycopg 3.
+            yield f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}"
         finally:
             run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
     finally:

@@ -1,0 +1,216 @@
+"""The worker loop: how every process that shares a study decides whether to run one more trial.
+
+Each decision is taken under the study lock (:func:`optuna_quant.storage.study_lock`) from the
+study's trials alone, and the lock is held until Optuna has asked for the trial, so the count that
+allowed it includes it for the next worker:
+
+1. fail the trials of dead workers (Optuna's heartbeat: they are queued again);
+2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
+3. until the reference stored its scaling: pop it if it is queued first, wait while it runs,
+   queue it if it is missing;
+4. pop a queued trial (a retry of a dead worker's trial counts once in the budget);
+5. run a new trial while the budget (``n_trials``, the study's total over every worker: finished,
+   running and queued trials) has room;
+6. otherwise wait while other workers' trials run (one of them may die and be queued again), or
+   stop.
+
+Every wait is :class:`optuna_quant.storage.Waiter`'s: it ends when the trial waited on ends, or
+once its worker's heartbeat is stale for the grace period.
+
+Example:
+    >>> Worker(study, storage, objective, lock, n_trials=40).run()   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+import enum
+import logging
+import time
+from typing import Any
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+from tqdm import tqdm
+
+from optuna_quant import records
+from optuna_quant._optuna_private import record_first_heartbeat
+from optuna_quant.objective import QuantizationObjective
+from optuna_quant.reference import check_baseline
+from optuna_quant.reference import ReferenceMeasurementError
+from optuna_quant.results import best_trial
+from optuna_quant.stopping import target_reached
+from optuna_quant.storage import fail_stale_trials
+from optuna_quant.storage import MAX_RETRY
+from optuna_quant.storage import optuna_warnings_off
+from optuna_quant.storage import StudyLock
+from optuna_quant.storage import Waiter
+
+_logger = logging.getLogger("optuna_quant")
+_COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
+
+
+class _Next(enum.Enum):
+    RUN = "run"
+    WAIT = "wait"
+    STOP = "stop"
+
+
+def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
+    """Numbers of the trials that failed with their worker and were queued again."""
+    with optuna_warnings_off():
+        return {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+
+
+def counted_trials(trials: Sequence[FrozenTrial]) -> int:
+    """How many trials of the budget ``trials`` use up: every one, a retried trial once.
+
+    Running trials count: one whose worker died is failed by the heartbeat and queued again, and
+    its retry takes its place.
+    """
+    retried = retried_numbers(trials)
+    return sum(1 for t in trials if t.state in _COUNTED and t.number not in retried)
+
+
+class Worker:
+    """Runs trials of a shared study until its budget is used, its deadline passed or a target met.
+
+    Args:
+        study: The study.
+        storage: The storage the study was opened on.
+        objective: The quantization objective.
+        lock: The study lock every worker shares.
+        n_trials: The study's total trials (POT's ``max_trials``); ``None`` for no limit.
+        timeout: Seconds after which no trial starts (POT's ``max_minutes * 60``).
+        stop_on_target: Stop once a trial met both targets.
+        callbacks: Optuna ``optimize`` callbacks, called after each trial (each trial is one
+            ``study.optimize`` call: ``study.stop()`` in a callback does not end this loop).
+        show_progress_bar: Show trial k of N, the best result so far and the time left.
+    """
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
+        objective: QuantizationObjective,
+        lock: StudyLock,
+        n_trials: int | None,
+        timeout: float | None = None,
+        stop_on_target: bool = False,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+        show_progress_bar: bool = False,
+    ) -> None:
+        self.study = study
+        self.storage = storage
+        self.objective = objective
+        self.lock = lock
+        self.n_trials = n_trials
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.stop_on_target = stop_on_target
+        self.callbacks = list(callbacks)
+        self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
+        self.waiter = Waiter(study)
+
+    def run(self) -> None:
+        """Run trials until the study needs no more from this worker.
+
+        Raises:
+            ReferenceMeasurementError: If the reference cannot be measured.
+            KeyboardInterrupt: Re-raised once the interrupted trial is failed and queued again.
+        """
+        if records.reference_scaling(self.study) is None:
+            check_baseline(self.objective)  # before any trial: a failing eval_fn leaves none
+        with self.bar:
+            while True:
+                with ExitStack() as held:
+                    held.enter_context(self.lock())
+                    fail_stale_trials(self.study)
+                    trials = self.study.get_trials(deepcopy=False)
+                    self._show(trials)
+                    decision, waiting_on = self._decide(trials)
+                    if decision == _Next.RUN:
+                        self.waiter.done()
+                        # Optuna asks for the trial under the lock; the objective releases it.
+                        self._run_one(held.pop_all())
+                        continue
+                if decision == _Next.STOP:
+                    self.waiter.done()
+                    return
+                self.waiter.beat(waiting_on)
+
+    def _decide(self, trials: list[FrozenTrial]) -> tuple[_Next, str]:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return _Next.STOP, ""
+        if self.stop_on_target and target_reached(trials, self.objective.targets) is not None:
+            return _Next.STOP, ""
+        counted = counted_trials(trials)
+        room = self.n_trials is None or counted < self.n_trials
+        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        if records.reference_scaling(self.study) is None:
+            running = [t.number for t in trials if t.state == TrialState.RUNNING and records.is_reference(t)]
+            if waiting and records.is_reference(waiting[0]):
+                return _Next.RUN, ""
+            if running:
+                return _Next.WAIT, f"the reference trial {running[0]}"
+            if waiting:  # a trial the user queued: the objective measures the reference before it
+                return _Next.RUN, ""
+            if room:
+                records.enqueue_reference(self.study, self.objective.space.default_params())
+                return _Next.RUN, ""
+            return _Next.STOP, ""
+        if room or waiting:
+            return _Next.RUN, ""
+        running = [t.number for t in trials if t.state == TrialState.RUNNING]
+        if running:
+            return _Next.WAIT, f"running trial(s) {running} of other workers"
+        return _Next.STOP, ""
+
+    def _run_one(self, lock: ExitStack) -> None:
+        asked: list[optuna.Trial] = []
+        reference_error: list[ReferenceMeasurementError] = []
+
+        def objective(trial: optuna.Trial) -> Any:
+            record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
+            lock.close()
+            asked.append(trial)
+            try:
+                return self.objective(trial)
+            except ReferenceMeasurementError as err:
+                reference_error.append(err)
+                raise
+
+        try:
+            self.study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=self.callbacks)
+        except KeyboardInterrupt:
+            if asked:
+                self._requeue(asked[0].number)
+            raise
+        finally:
+            lock.close()  # when Optuna's ask itself failed
+        if reference_error:
+            raise reference_error[0]
+
+    def _requeue(self, number: int) -> None:
+        """Queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""
+        trial = self.study.get_trials(deepcopy=False)[number]
+        if trial.state == TrialState.FAIL:
+            with optuna_warnings_off():
+                RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)
+            _logger.info("Trial %d was interrupted: queued again for the next worker.", number)
+
+    def _show(self, trials: list[FrozenTrial]) -> None:
+        if self.bar.disable:
+            return
+        self.bar.n = counted_trials(trials)
+        postfix: dict[str, str] = {}
+        best = best_trial(trials, self.objective.targets)
+        if best is not None:
+            postfix["acc_loss"] = f"{best.user_attrs['acc_loss']:.4f}"
+            postfix["lat_diff"] = f"{best.user_attrs['lat_diff']:.4f}"
+        if self.deadline is not None:
+            postfix["time left"] = f"{max(0.0, self.deadline - time.monotonic()) / 60:.1f} min"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.refresh()
