@@ -26,7 +26,6 @@ import optuna_quant as oq
 from examples.demo_model import build_demo_model
 from examples import demo_data
 from optuna_quant import logs
-from optuna_quant.dashboard import DashboardFigures
 from optuna_quant.probe import run_probe
 
 
@@ -59,10 +58,9 @@ def main(argv: list[str] | None = None) -> None:
         study_name="mnist-cnn-int8",
         trials_load_method="cold_start",
     )
-    figures = DashboardFigures()
     with logs.quiet_onnxruntime():
         print(run_probe(study.objective).report(), flush=True)
-        best = study.optimize(n_trials=args.trials, show_progress_bar=not args.no_progress, callbacks=[figures])
+        best = study.optimize(n_trials=args.trials, show_progress_bar=not args.no_progress)
     if best is None:
         raise SystemExit("No trial completed; see the log above.")
     study.export_best(args.export)
@@ -70,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(best.configuration())
     print(f"Exported the int8 model to {Path(args.export).resolve()}")
-    if figures.seconds:
-        print(f"The dashboard's figures, stored after every trial, took {1000 * mean(figures.seconds):.0f} ms a trial.")
+    if study.figures.seconds:
+        print(f"The dashboard's figures, stored after every trial, took {1000 * mean(study.figures.seconds):.0f} ms a trial.")
     print("Open the study in optuna-dashboard (then browse http://127.0.0.1:8080):")
     print(f"  .venv/bin/optuna-dashboard {args.storage}")
     print(f"  .venv/bin/optuna-quant dashboard --storage {args.storage}    # also offers the best model")

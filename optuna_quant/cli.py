@@ -36,7 +36,6 @@ from optuna_quant.config import ConfigError
 from optuna_quant.config import load_config
 from optuna_quant.config import RunConfig
 from optuna_quant.config import unwritable
-from optuna_quant.dashboard import DashboardFigures
 from optuna_quant.dashboard import DEFAULT_HOST
 from optuna_quant.dashboard import DEFAULT_PORT
 from optuna_quant.dashboard import serve
@@ -177,14 +176,12 @@ def _require_study(config: RunConfig) -> optuna.Study:
 
 def _run(config: RunConfig, study: QuantStudy, progress: bool) -> int:
     max_trials, max_minutes = config.get("max_trials"), config.get("max_minutes")
-    figures = DashboardFigures()
     try:
         with logs.quiet_onnxruntime(hint=_VERBOSE_HINT):
             best = study.optimize(
                 n_trials=max_trials,
                 timeout=None if max_minutes is None else max_minutes * 60,
                 show_progress_bar=progress,
-                callbacks=[figures],
             )
     except ValueError as err:
         # The objective refuses a study made for another model, space or targets.

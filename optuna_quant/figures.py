@@ -28,8 +28,8 @@ from optuna.trial import FrozenTrial
 import plotly.graph_objects as go
 
 from optuna_quant.loss import Targets
-from optuna_quant.objective import REFERENCE_KEY
-from optuna_quant.objective import TARGETS_KEY
+from optuna_quant.records import REFERENCE_KEY
+from optuna_quant.records import TARGETS_KEY
 from optuna_quant.results import best_trial
 from optuna_quant.results import recorded
 

@@ -26,9 +26,11 @@ from typing import Any
 import onnx
 import optuna
 
+from optuna_quant import logs
 from optuna_quant import records
 from optuna_quant.artifacts import check_writable
 from optuna_quant.artifacts import upload_model
+from optuna_quant.dashboard import DashboardFigures
 from optuna_quant.evaluate import EvalFn
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
@@ -72,6 +74,10 @@ class QuantStudy:
         storage: The storage the study was opened on.
         artifact_dir: Folder of the artifact store that receives the best model.
         run_trials: ``False`` for ``trials_load_method="eval"``, where ``optimize`` runs nothing.
+
+    Attributes:
+        figures: The callback that stores the study's figures for optuna-dashboard after every
+            trial of :meth:`optimize`; its ``seconds`` tell what that cost.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class QuantStudy:
         # The last best model built: the artifact upload, export_best and best_model want the
         # same one, and each build deep-copies and rewrites the whole model.
         self._built: tuple[int, onnx.ModelProto] | None = None
+        self.figures = DashboardFigures()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.study, name)
@@ -149,25 +156,26 @@ class QuantStudy:
             raise ValueError(f"n_trials (max_trials) must be a positive integer, got {n_trials!r}.")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
-        if self.run_trials:
-            check_writable(self.artifact_dir, "artifact_dir")
-            self.objective.max_trials = n_trials
-            Worker(
-                self.study,
-                self.storage,
-                self.objective,
-                self.lock,
-                n_trials,
-                timeout=timeout,
-                stop_on_target=self.stop_on_target,
-                callbacks=[*callbacks],
-                show_progress_bar=show_progress_bar,
-            ).run()
-        best = self.best_result
-        if best is not None:
-            _logger.info(best.summary())
+        with logs.quiet_onnxruntime():
             if self.run_trials:
-                upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: self._model_of(best))
+                check_writable(self.artifact_dir, "artifact_dir")
+                self.objective.max_trials = n_trials
+                Worker(
+                    self.study,
+                    self.storage,
+                    self.objective,
+                    self.lock,
+                    n_trials,
+                    timeout=timeout,
+                    stop_on_target=self.stop_on_target,
+                    callbacks=[self.figures, *callbacks],
+                    show_progress_bar=show_progress_bar,
+                ).run()
+            best = self.best_result
+            if best is not None:
+                _logger.info(best.summary())
+                if self.run_trials:
+                    upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: self._model_of(best))
         return best
 
     @property
@@ -240,9 +248,10 @@ class QuantStudy:
         check_writable(self.artifact_dir, "artifact_dir")
         if best is None:
             best = self._require_best()
-        model = self._model_of(best)
-        onnx.save(model, str(path))
-        upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
+        with logs.quiet_onnxruntime():
+            model = self._model_of(best)
+            onnx.save(model, str(path))
+            upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
             _logger.warning("Exported the best model, which misses the %s target.", " and ".join(best.missed))
         return best
@@ -274,6 +283,7 @@ def create_study(
     artifact_dir: str | Path | None = None,
     heartbeat_interval: int = HEARTBEAT_INTERVAL,
     grace_period: int = GRACE_PERIOD,
+    pre_process: bool = True,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -312,6 +322,9 @@ def create_study(
             ``--artifact-dir``); default beside the SQLite file, or ``./optuna_quant-artifacts``.
         heartbeat_interval: Seconds between heartbeats of a running trial (every database).
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
+        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
+            folding, graph optimization) before quantizing it; fp32 accuracy and latency are
+            measured on the model as given (see :mod:`optuna_quant.prepare`).
 
     Returns:
         The :class:`QuantStudy`.
@@ -325,6 +338,7 @@ def create_study(
     # Stages, in this order so that nothing stored is touched before every check passed:
     # settings; the storage, read only; the model and data (preparation, calibration: the
     # objective); the folders written to; only then the study is deleted, created or joined.
+    logs.configure()  # POT users read the log lines: shown, each once, unless set otherwise
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
@@ -358,6 +372,7 @@ def create_study(
         stop_on_target=stop_on_target,
         objective_mode=objective_mode,
         lock=lock,
+        pre_process=pre_process,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":
@@ -372,14 +387,5 @@ def create_study(
     if study.metric_names is None:
         with optuna_warnings_off():
             study.set_metric_names(METRIC_NAMES[objective_mode])
-    _ensure_log_handler()
     return QuantStudy(study, objective, storage_obj, artifact_dir)
 
-
-def _ensure_log_handler() -> None:
-    # POT users read the log lines, so show them when the application configured no logging.
-    if not logging.getLogger().handlers and not _logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
-        _logger.addHandler(handler)
-        _logger.setLevel(logging.INFO)

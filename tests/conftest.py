@@ -28,12 +28,16 @@ from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
 import optuna_quant as oq
+from optuna_quant import logs
 from optuna_quant.cli import main
 from optuna_quant.evaluate import Top1Accuracy
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.testing.postgres import NO_BINARIES
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root."""
 
 FAST_BENCH = BenchmarkSettings(warmup=2, blocks=3, min_seconds=0.03)
 """Latency settings that keep each measurement short; the CLI configs get them as a mapping."""
@@ -48,7 +52,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     One BLAS thread per process keeps several workers (and pytest itself) from oversubscribing
     the few cores of a test machine.
     """
-    return {**os.environ, "OPENBLAS_NUM_THREADS": "1", **extra}
+    # The repository root on the path: a child imports this checkout's package and examples
+    # wherever it runs, as the tests do (pytest's pythonpath).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _package_logs_reach_caplog() -> Iterator[None]:
+    """The package logger propagates during a test, so ``caplog`` sees its lines; put back after."""
+    with logs.restored():
+        logs.enable_propagation()
+        yield
 
 
 def assert_int8_layers(

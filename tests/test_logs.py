@@ -145,12 +145,6 @@ def test_propagation_switches_like_optunas(caplog) -> None:
     assert (list(logger.handlers), logger.propagate, logger.level) == before  # restored() put it back
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="integration: study.py must call optuna_quant.logs.configure() instead of _ensure_log_handler() and "
-    "run the whole of QuantStudy.optimize (the artifact upload included) and export_best inside "
-    "logs.quiet_onnxruntime() (see the ui branch's report)",
-)
 def test_python_path_prints_each_line_once_without_the_flood(warning_model, tmp_path) -> None:
     """The README's Python path with no logging configured, on a model that makes onnxruntime warn."""
     done = _python(

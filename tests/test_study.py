@@ -61,7 +61,7 @@ def test_run_records_everything(make_study, caplog) -> None:
 def test_duplicate_params_return_the_stored_result(make_study, caplog) -> None:
     caplog.set_level(logging.INFO, logger="optuna_quant")
     study = make_study()
-    params = {**study.objective.space.default_params(), "layer:fc": "fp32", "mode": "asymmetric"}
+    params = {**study.objective.space.default_params(), "layer:fc": "fp32", "activation_mode": "symmetric"}
     study.enqueue_trial(params)
     study.enqueue_trial(params)
     study.optimize(n_trials=3)
@@ -176,7 +176,7 @@ def test_fine_tune_and_eval(make_study) -> None:
         scopes=["range_estimator"],
     )
     assert joined.objective.space == fine.objective.space
-    with pytest.raises(ValueError, match=r"another search space: parameter\(s\) \['mode'\] differ"):
+    with pytest.raises(ValueError, match=r"another search space: parameter\(s\) \['activation_mode', 'weight_mode'\] differ"):
         make_study(
             accuracy_loss=50.0, study_name="optuna-quant-fine_tune", trials_load_method="warm_start",
             scopes=["range_estimator", "mode"],
