@@ -17,11 +17,11 @@ fallback set, granularity and mode: the range estimator only moves scales, not k
 evaluation only. Calibration runs once per method and is reused (the objective's quantizer).
 The targets are chosen per table after measuring, so that the default configuration misses the
 accuracy target and only a few percent of the space meets both. Every table also carries the
-sensitivity of its model (:func:`with_sensitivity`: per layer by
-:func:`optuna_quant.sensitivity.measure_sensitivity` at the default configuration, the all-int8
-output error of every combination of the other parameters, and per layer again at the
-combination with the lowest error), measured with the objective's quantizer and calibration
-feeds, which ``--sensitivity-only`` adds to an existing table without measuring its rows again.
+sensitivity of its model as a study measures it (:func:`with_sensitivity`: the all-int8 output
+error of every combination of the other parameters, and per layer
+:func:`optuna_quant.sensitivity.measure_sensitivity` at the combination with the lowest error),
+measured with the objective's quantizer and calibration feeds, which ``--sensitivity-only`` adds
+to an existing table without measuring its rows again.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ from optuna_quant.quantize import Quantizer
 from optuna_quant.space import LAYER_PREFIX
 from optuna_quant.space import QuantConfig
 from optuna_quant.space import quantizable_nodes
+from optuna_quant.space import SearchSpace
 
 _logger = logging.getLogger(__name__)
 
@@ -430,6 +431,52 @@ def measure_scope_errors(
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
     """The combination with the lowest all-int8 output error: where to measure the layers."""
     return min(scope_errors, key=lambda entry: entry["error"])
+
+
+def measure_space(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    feeds: Sequence[Feed],
+    space: SearchSpace,
+    *,
+    n_samples: int = 32,
+    profile_runs: int = 20,
+    settings: BenchmarkSettings | None = None,
+    revert_timing: BenchmarkSettings | None = REVERT_TIMING,
+) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
+    """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
+    then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
+
+    The scope errors cost one quantized model per combination (120 for every scope on a model
+    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    :func:`measure_sensitivity` says.
+
+    Returns:
+        The scope errors (the reference's first) and the layers' sensitivity, the two measurements
+        :func:`choice_scores` takes.
+
+    Example:
+        >>> errors, sens = measure_space(model, quantizer, feeds, space)  # doctest: +SKIP
+        >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
+    """
+
+    def to_config(params: Mapping[str, Any]) -> QuantConfig:
+        return space.to_config({**space.default_params(), **params})
+
+    combinations = scope_combinations(space.distributions())
+    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    sens = measure_sensitivity(
+        fp32_model,
+        quantizer,
+        feeds,
+        space.nodes,
+        base_config=to_config(lowest_error(errors)["params"]),
+        n_samples=n_samples,
+        profile_runs=profile_runs,
+        settings=settings,
+        revert_timing=revert_timing,
+    )
+    return errors, sens
 
 
 def _saving(s: LayerSensitivity) -> float:

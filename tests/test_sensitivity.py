@@ -20,6 +20,7 @@ from optuna_quant.sensitivity import LayerSensitivity
 from optuna_quant.sensitivity import lowest_error
 from optuna_quant.sensitivity import measure_scope_errors
 from optuna_quant.sensitivity import measure_sensitivity
+from optuna_quant.sensitivity import measure_space
 from optuna_quant.sensitivity import revert_order
 from optuna_quant.sensitivity import scope_combinations
 from optuna_quant.sensitivity import scope_scores
@@ -137,6 +138,22 @@ def test_choice_scores_are_a_prior_over_every_parameter(rescaled, rescaled_scope
     recovering = [n for n in CNN_LAYERS if rescaled[n].error_recovered > 0]
     assert recovering and all(layers_only[f"layer:{n}"]["fp32"] > scores[f"layer:{n}"]["fp32"] for n in recovering)
     assert sorted(revert_order(rescaled)) == sorted(CNN_LAYERS)
+
+
+def test_measure_space_measures_the_layers_at_the_lowest_error(cnn) -> None:
+    model = rescale_conv1_outputs(cnn)
+    feeds = to_feeds(calibration_data(model), model)
+    quantizer = Quantizer(model, feeds)
+    space = SearchSpace.from_model(model, scopes=("layer", "granularity", "range_estimator"))
+    errors, sens = measure_space(model, quantizer, feeds, space, profile_runs=5)
+    assert [e["params"] for e in errors] == scope_combinations(space.distributions())
+    best = lowest_error(errors)["params"]
+    at_best = measure_sensitivity(
+        model, quantizer, feeds, CNN_LAYERS, base_config=space.to_config({**space.default_params(), **best}),
+        profile_runs=5, revert_timing=None,
+    )
+    assert {n: s.error_alone for n, s in sens.items()} == {n: s.error_alone for n, s in at_best.items()}
+    assert set(choice_scores(sens, acc_loss=0.05, accuracy_target=0.01, scope_errors=errors)) == set(space.distributions())
 
 
 def test_choice_scores_follow_gain_and_cost() -> None:
