@@ -17,12 +17,11 @@ Example:
 Runs of different samplers (or seed counts) combine into one report, one table and one PNG per
 table with ``--from-results a.json b.json``.
 
-``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores from the table's
-measured sensitivity (:data:`PRIORS`); they report as ``<name>+prior``, or ``<name>+prior-<kind>``
-for ``--prior <kind>``: ``sensitivity`` (the default) is ``optuna_quant.sensitivity``'s
-``choice_scores`` of the layers (:func:`sensitivity_prior`), ``standin`` the earlier stand-in
-read from the table's rows (:func:`standin_prior`), and ``shares``, ``targets`` and ``base`` are
-prototypes of other mappings (:func:`share_prior`, :func:`target_prior`, :func:`base_prior`).
+``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores (:data:`PRIORS`); they
+report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: ``sensitivity``
+(the default) is ``optuna_quant.sensitivity.choice_scores`` of the table's measured sensitivity
+(:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
+(:func:`standin_prior`).
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -68,7 +67,7 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
-from optuna_quant.sensitivity import SCORE_RANGE, LayerSensitivity, choice_scores  # noqa: E402
+from optuna_quant.sensitivity import LayerSensitivity, choice_scores, layer_scores  # noqa: E402
 from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -159,32 +158,13 @@ def resolve(spec: str) -> SamplerFactory:
     return lambda seed: factory(seed=seed)
 
 
-def revert_scores(gain: float, cost: float) -> dict[str, float]:
-    """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
-
-    ``gain``: the accuracy loss it saves, in units of the accuracy target; ``cost``: the share of
-    the default's ``lat_diff`` it loses. fp32 scores ``sigmoid(4 * (gain - cost))`` within
-    [0.05, 0.95]: reverting a layer is likely good when it buys more accuracy than it costs
-    speed; int8 scores the rest.
-    """
-    fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), 0.05, 0.95))
-    return {"fp32": fp32, "int8": 1.0 - fp32}
-
-
-def revert_cost(table: Table, name: str, scopes: Mapping[str, Any] | None = None) -> float:
-    """The share of ``lat_diff`` lost by reverting layer parameter ``name`` alone from the
-    all-int8 configuration with the other parameters at ``scopes`` (default: the default
-    configuration), measured end to end (the table's rows of both configurations)."""
-    base = {**table.reference, **(scopes or {})}
-    all_int8 = table.lookup(base)["lat_diff"]
-    return (all_int8 - table.lookup({**base, name: "fp32"})["lat_diff"]) / all_int8
-
-
 def standin_prior(table: Table) -> dict[str, dict[str, float]]:
-    """:func:`revert_scores` of each layer from the table's stand-in per-layer measurements.
+    """``optuna_quant.sensitivity.layer_scores`` of each layer from the table's own rows.
 
-    The measurement of the default configuration with that layer alone in fp32 gives both what
-    reverting it buys in accuracy and what it costs in speed.
+    The row of the default configuration with that layer alone in fp32 gives both what
+    reverting it buys in accuracy (in accuracy targets) and what it costs in speed (the share of
+    the default's ``lat_diff`` it loses): the stand-in used before the tables carried the
+    measured sensitivity, kept to compare the measurement with.
 
     Raises:
         ValueError: If the table has no stand-in measurements.
@@ -194,70 +174,24 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
             f"Table {table.name!r} has no per-layer measurements (layer_sensitivity_standin); add them "
             "with: .venv/bin/python -m benchmarks.build_tables --layer-standin"
         )
-    reference = table.lookup(table.reference)["acc_loss"]
+    reference = table.lookup(table.reference)
     target = table.target.accuracy_loss / 100.0
     return {
-        name: revert_scores((reference - row["acc_loss"]) / target, revert_cost(table, name))
+        name: layer_scores(
+            (reference["acc_loss"] - row["acc_loss"]) / target,
+            (reference["lat_diff"] - row["lat_diff"]) / reference["lat_diff"],
+        )
         for name, row in table.layer_sensitivity_standin.items()
     }
 
 
-def layer_revert_scores(
-    table: Table, sens: Mapping[str, LayerSensitivity], acc_loss: float, scopes: Mapping[str, Any] | None = None
-) -> dict[str, dict[str, float]]:
-    """:func:`revert_scores` of each layer, the accuracy gain predicted by its sensitivity.
+def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
+    """``optuna_quant.sensitivity.choice_scores`` of the table's measured sensitivity.
 
-    ``acc_loss`` (the all-int8 configuration's, with the other parameters at ``scopes``) is
-    shared out over the layers as their output error is: reverting a layer saves
-    ``acc_loss * error_recovered / sum(error_alone)`` (the summed ``error_alone`` standing for
-    the all-int8 error, as the errors add up), in units of the accuracy target. The speed it
-    costs is measured end to end (:func:`revert_cost`): the profiled node times of
-    ``optuna_quant.sensitivity`` leave out the quantize, dequantize and layout nodes that a
-    revert adds, which is most of what it costs on these models.
-    """
-    total = sum(max(s.error_alone, 0.0) for s in sens.values())
-    target = table.target.accuracy_loss / 100.0
-    return {
-        LAYER_PREFIX + node: revert_scores(
-            acc_loss * s.error_recovered / total / target if total > 0 else 0.0,
-            revert_cost(table, LAYER_PREFIX + node, scopes),
-        )
-        for node, s in sens.items()
-    }
-
-
-def target_prior(table: Table) -> dict[str, dict[str, float]]:
-    """A prototype: :func:`layer_revert_scores` at the default configuration, from its measured ``acc_loss``."""
-    return layer_revert_scores(table, table_sensitivity(table), table.lookup(table.reference)["acc_loss"])
-
-
-def scope_scores(table: Table) -> dict[str, dict[str, float]]:
-    """Scores of the choices of the other parameters from the all-int8 output errors (``scope_errors``).
-
-    A choice scores the lowest error of any combination with it relative to the lowest of all
-    (``lowest / its``), within ``SCORE_RANGE``: the choices that quantize with the least error
-    lead, one ten times worse is unlikely.
-    """
-    best: dict[str, dict[Any, float]] = {}
-    for entry in table.scope_errors or ():
-        for name, choice in entry["params"].items():
-            by_choice = best.setdefault(name, {})
-            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
-    lowest = min(entry["error"] for entry in table.scope_errors or ())
-    low, high = SCORE_RANGE
-    return {
-        name: {choice: float(np.clip(lowest / error, low, high)) for choice, error in by_choice.items()}
-        for name, by_choice in best.items()
-    }
-
-
-def base_prior(table: Table) -> dict[str, dict[str, float]]:
-    """A prototype: the sensitivity measured where quantizing loses the least, not at the default.
-
-    The other parameters score by :func:`scope_scores`; the layers by :func:`layer_revert_scores`
-    of the sensitivity measured at the combination of the other parameters with the lowest
-    all-int8 output error (``base_sensitivity``), whose ``acc_loss`` is predicted from the
-    default's, scaled by the ratio of the two output errors.
+    The table's ``scope_errors`` and ``base_sensitivity`` are what a study measures
+    (``build_tables.with_sensitivity``), named by the table's parameters; the reference's
+    ``acc_loss`` is the table's default row, as a study's reference trial gives it. Nothing else
+    comes from the rows.
 
     Raises:
         ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
@@ -267,73 +201,21 @@ def base_prior(table: Table) -> dict[str, dict[str, float]]:
             f"Table {table.name!r} has no scope_errors or base_sensitivity; add them with: "
             f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
         )
-    scopes = table.base_sensitivity["params"]
-    errors = {table.key({**table.reference, **entry["params"]}): entry["error"] for entry in table.scope_errors}
-    ratio = errors[table.key({**table.reference, **scopes})] / errors[table.key(table.reference)]
-    acc_loss = table.lookup(table.reference)["acc_loss"] * ratio
-    layers = layer_revert_scores(table, by_node(table.base_sensitivity["layers"]), acc_loss, scopes)
-    return {**scope_scores(table), **layers}
-
-
-def table_sensitivity(table: Table) -> dict[str, LayerSensitivity]:
-    """The table's per-layer sensitivity by node name, as ``optuna_quant.sensitivity`` returns it.
-
-    Raises:
-        ValueError: If the table has no per-layer sensitivity.
-    """
-    if table.layer_sensitivity is None:
-        raise ValueError(
-            f"Table {table.name!r} has no per-layer sensitivity (layer_sensitivity); add it with: "
-            f".venv/bin/python -m benchmarks.build_tables --sensitivity-only --tables {table.name}"
-        )
-    return by_node(table.layer_sensitivity)
-
-
-def by_node(layers: Mapping[str, Mapping[str, float]]) -> dict[str, LayerSensitivity]:
-    """Per-layer measurements keyed by layer parameter (``layer:<node>``) as ``LayerSensitivity`` by node."""
-    return {name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured) for name, measured in layers.items()}
-
-
-def sensitivity_prior(table: Table) -> dict[str, dict[str, float]]:
-    """``optuna_quant.sensitivity.choice_scores`` of the table's per-layer sensitivity.
-
-    The table keys its measurement by its layer parameters (``layer:<node>``), the names that
-    ``choice_scores`` gives its scores.
-    """
-    return choice_scores(table_sensitivity(table))
-
-
-def share_scores(sens: Mapping[str, LayerSensitivity]) -> dict[str, dict[str, float]]:
-    """A prototype of ``choice_scores`` that has no opinion on layers that are alike.
-
-    ``p = 0.5 + 0.4 (t - a)`` as in ``choice_scores``, but ``a`` is the layer's share of the
-    summed accuracy cost and ``t`` its share of the summed positive time saving, instead of each
-    over the largest: layers that cost and save alike all score 0.5, where ``choice_scores``
-    gives every layer the largest layer's verdict. ``choice_scores`` computes it, given one more
-    layer that costs and saves the sums (and is dropped from its answer).
-    """
-    total = LayerSensitivity(
-        error_alone=sum(max(s.acc_cost, 0.0) for s in sens.values()),
-        error_recovered=0.0,
-        fp32_ms=sum(max(s.time_saved_ms, 0.0) for s in sens.values()),
-        int8_ms=0.0,
+    layers = {
+        name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
+        for name, measured in table.base_sensitivity["layers"].items()
+    }
+    return choice_scores(
+        layers,
+        acc_loss=table.lookup(table.reference)["acc_loss"],
+        accuracy_target=table.target.accuracy_loss / 100.0,
+        scope_errors=table.scope_errors,
     )
-    scores = choice_scores({**sens, "": total})
-    del scores[LAYER_PREFIX]
-    return scores
 
 
-def share_prior(table: Table) -> dict[str, dict[str, float]]:
-    """:func:`share_scores` of the table's per-layer sensitivity."""
-    return share_scores(table_sensitivity(table))
-
-
-PRIORS: dict[str, Callable[[Table], dict[str, dict[str, float]]]] = {
+PRIORS: dict[str, Callable[[Table], dict[str, dict[str, Any]]]] = {
     "sensitivity": sensitivity_prior,
-    "shares": share_prior,
     "standin": standin_prior,
-    "targets": target_prior,
-    "base": base_prior,
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
 PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
@@ -615,8 +497,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         const="sensitivity",
         choices=sorted(PRIORS),
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
-        "'sensitivity' (the default: choice_scores of the layers; names get '+prior'), the others "
-        "(names get '+prior-KIND') as the module's docstring says",
+        "'sensitivity' (the default: optuna_quant.sensitivity.choice_scores; names get '+prior'), "
+        "'standin' (from the table's rows; names get '+prior-standin')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")

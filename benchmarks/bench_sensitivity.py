@@ -11,8 +11,10 @@ sensitivity figure predicts a configuration's error by adding up its layers' fig
 
 The figure of merit is Spearman's rank correlation between each prediction and the measured
 ``acc_loss``; the measured output error of each configuration on the calibration samples (what
-the predictions add up to) is shown beside them. The time saved by the layers a configuration
-keeps int8 (the sum of ``time_saved_ms``) is correlated with the measured ``lat_diff`` alike.
+the predictions add up to) is shown beside them. Two time figures are correlated with the
+measured ``lat_diff`` alike: the profiled time saved by the layers a configuration keeps int8
+(the sum of ``time_saved_ms``), and the speed-up kept when the layers it keeps in fp32 are
+reverted (one less the sum of their timed ``revert_cost``).
 
 Run::
 
@@ -82,6 +84,7 @@ def main() -> None:
                 "alone": sum(sens[n].error_alone for n in nodes if n not in fallback),
                 "recovered": base_error - sum(sens[n].error_recovered for n in fallback),
                 "time_saved_ms": sum(sens[n].time_saved_ms for n in nodes if n not in fallback),
+                "speed_kept": 1.0 - sum(sens[n].revert_cost for n in fallback),
             }
         )
     acc = [r["acc_loss"] for r in rows]
@@ -92,11 +95,15 @@ def main() -> None:
         "spearman_recovered": spearmanr([r["recovered"] for r in rows], acc).statistic,
         "spearman_output_error": spearmanr([r["output_error"] for r in rows], acc).statistic,
         "spearman_time_saved_lat_diff": spearmanr([r["time_saved_ms"] for r in rows], [r["lat_diff"] for r in rows]).statistic,
+        "spearman_speed_kept_lat_diff": spearmanr([r["speed_kept"] for r in rows], [r["lat_diff"] for r in rows]).statistic,
     }
-    print("| layer | error alone | error recovered | fp32 ms | int8 ms | saved ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| layer | error alone | error recovered | fp32 ms | int8 ms | saved ms | revert cost |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for node, s in sens.items():
-        print(f"| {node} | {s.error_alone:.3g} | {s.error_recovered:.3g} | {s.fp32_ms:.3f} | {s.int8_ms:.3f} | {s.time_saved_ms:.3f} |")
+        print(
+            f"| {node} | {s.error_alone:.3g} | {s.error_recovered:.3g} | {s.fp32_ms:.3f} | {s.int8_ms:.3f} "
+            f"| {s.time_saved_ms:.3f} | {s.revert_cost:.3f} |"
+        )
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(

@@ -17,11 +17,11 @@ fallback set, granularity and mode: the range estimator only moves scales, not k
 evaluation only. Calibration runs once per method and is reused (the objective's quantizer).
 The targets are chosen per table after measuring, so that the default configuration misses the
 accuracy target and only a few percent of the space meets both. Every table also carries the
-sensitivity of its model (:func:`with_sensitivity`: per layer by
-:func:`optuna_quant.sensitivity.measure_sensitivity` at the default configuration, the all-int8
-output error of every combination of the other parameters, and per layer again at the
-combination with the lowest error), measured with the objective's quantizer and calibration
-feeds, which ``--sensitivity-only`` adds to an existing table without measuring its rows again.
+sensitivity of its model as a study measures it (:func:`with_sensitivity`: the all-int8 output
+error of every combination of the other parameters, and per layer
+:func:`optuna_quant.sensitivity.measure_sensitivity` at the combination with the lowest error),
+measured with the objective's quantizer and calibration feeds, which ``--sensitivity-only`` adds
+to an existing table without measuring its rows again.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Iterator, Sequence  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
 import dataclasses  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
@@ -44,7 +43,6 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from benchmarks.models.train import MODELS_DIR  # noqa: E402
@@ -57,6 +55,7 @@ from optuna_quant.model_io import to_feeds  # noqa: E402
 from optuna_quant.objective import QuantizationObjective  # noqa: E402
 from optuna_quant import sensitivity  # noqa: E402
 from optuna_quant.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.space import QuantConfig  # noqa: E402
 
 N_CALIBRATION = 200
 BENCHMARK = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3, batch_size=1)
@@ -187,90 +186,61 @@ def setup(name: str) -> Setup:
     return Setup(objective, calibration, info, float((fp32_classes == data.y_test).mean()))
 
 
-@contextmanager
-def longest_layer_names_first() -> Iterator[None]:
-    """Make ``optuna_quant.sensitivity.layer_of`` try the longest layer names first, meanwhile.
+def table_config(objective: QuantizationObjective, params: Mapping[str, Any]) -> QuantConfig:
+    """The all-int8 configuration of a table's other parameters, in the objective's current space.
 
-    ``layer_of`` charges a node to the first layer whose name prefixes the node's, in the order
-    of the layers; the tables' layers are named ``node_conv2d``, ``node_conv2d_1``, ..., so the
-    int8 ``node_conv2d_1_token_5`` went to ``node_conv2d`` and every int8 layer after the first
-    measured 0 ms. Trying longer names first charges each node to its own layer. This is the fix
-    proposed for ``layer_of`` itself; remove this context manager once it is there.
+    The tables were measured before the space split ``mode`` and searched ``op_types``: their
+    ``mode`` set activations and weights alike, and every operator type of onnxruntime's QDQ
+    registry got Q/DQ (``op_types`` ``"qdq"``). Symmetric activations were uint8 with zero point
+    128 then and are int8 now: the same grid.
     """
-    original = sensitivity.layer_of
-
-    def layer_of(node: Any, layers: Any) -> str | None:
-        return original(node, dict(sorted(layers.items(), key=lambda item: -len(item[0]))))
-
-    sensitivity.layer_of = layer_of
-    try:
-        yield
-    finally:
-        sensitivity.layer_of = original
-
-
-def layer_sensitivity(measured: Setup, scopes: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """The per-layer sensitivity of the table's model, keyed by the table's layer parameters.
-
-    Measured with every layer int8 and the other parameters at ``scopes`` (default: their first
-    choice, the default configuration), on the objective's quantizer and the first
-    :data:`SENSITIVITY_SAMPLES` calibration feeds, one thread and batch 1 as the table's latency.
-    """
-    objective = measured.objective
-    params = {**objective.space.default_params(), **(scopes or {})}
-    with longest_layer_names_first():
-        sens = sensitivity.measure_sensitivity(
-            objective.model,
-            objective.quantizer,
-            to_feeds(measured.calibration, objective.model),
-            objective.space.nodes,
-            base_config=objective.space.to_config(params),
-            n_samples=SENSITIVITY_SAMPLES,
-            profile_runs=SENSITIVITY_PROFILE_RUNS,
-            settings=BENCHMARK,
-        )
-    return {LAYER_PREFIX + node: s.to_dict() for node, s in sens.items()}
-
-
-def scope_errors(measured: Setup) -> list[dict[str, Any]]:
-    """The all-int8 output error of every combination of the other parameters (not ``layer:``).
-
-    The noise-to-signal ratio of the int8 model's outputs against fp32's on the first
-    :data:`SENSITIVITY_SAMPLES` calibration feeds (``optuna_quant.sensitivity.output_error``).
-    """
-    objective = measured.objective
-    feeds = to_feeds(measured.calibration, objective.model)[:SENSITIVITY_SAMPLES]
-
-    def outputs(model: onnx.ModelProto) -> list[list[np.ndarray]]:
-        session = ort.InferenceSession(
-            model.SerializeToString(), BENCHMARK.session_options(), providers=["CPUExecutionProvider"]
-        )
-        return [session.run(None, feed) for feed in feeds]
-
-    reference = outputs(objective.model)
-    choices = {
-        name: list(dist.choices)
-        for name, dist in objective.space.distributions().items()
-        if not name.startswith(LAYER_PREFIX)
-    }
-    errors = []
-    for scopes in configurations(choices):
-        model = objective.quantizer.quantize(objective.space.to_config({**objective.space.default_params(), **scopes}))
-        errors.append({"params": scopes, "error": sensitivity.output_error(reference, outputs(model))})
-    return errors
+    config = objective.space.to_config(objective.space.default_params())
+    return dataclasses.replace(
+        config,
+        fallback=frozenset(),
+        range_estimator=params["range_estimator"],
+        per_channel=params["granularity"] == "per_channel",
+        activation_symmetric=params["mode"] == "symmetric",
+        weight_symmetric=params["mode"] == "symmetric",
+        op_types="qdq",
+    )
 
 
 def with_sensitivity(table: Table, measured: Setup) -> Table:
-    """``table`` with the sensitivity of its model: per layer at the default configuration, per
-    combination of the other parameters, and per layer at the combination with the lowest error."""
-    errors = scope_errors(measured)
-    base = min(errors, key=lambda entry: entry["error"])["params"]
-    return dataclasses.replace(
-        table,
-        layer_sensitivity=layer_sensitivity(measured),
-        scope_errors=errors,
-        base_sensitivity={"params": base, "layers": layer_sensitivity(measured, base)},
+    """``table`` with the sensitivity of its model (``optuna_quant.sensitivity``), as a study measures it.
+
+    The all-int8 output error of every combination of the table's other parameters
+    (``scope_errors``), and the layers' sensitivity at the combination with the lowest error
+    (``base_sensitivity``), on the objective's quantizer, the first :data:`SENSITIVITY_SAMPLES`
+    calibration feeds, one thread and batch 1 as the table's latency.
+    """
+    objective = measured.objective
+    feeds = to_feeds(measured.calibration, objective.model)
+    choices = {name: choices for name, choices in table.params.items() if not name.startswith(LAYER_PREFIX)}
+    # configurations() orders names alike for every combination; its first is the reference.
+    errors = sensitivity.measure_scope_errors(
+        objective.model,
+        objective.quantizer,
+        feeds,
+        configurations(choices),
+        lambda params: table_config(objective, params),
+        n_samples=SENSITIVITY_SAMPLES,
+        settings=BENCHMARK,
     )
+    base = sensitivity.lowest_error(errors)["params"]
+    sens = sensitivity.measure_sensitivity(
+        objective.model,
+        objective.quantizer,
+        feeds,
+        objective.space.nodes,
+        base_config=table_config(objective, base),
+        n_samples=SENSITIVITY_SAMPLES,
+        profile_runs=SENSITIVITY_PROFILE_RUNS,
+        settings=BENCHMARK,
+        revert_timing=BENCHMARK,
+    )
+    layers = {LAYER_PREFIX + node: s.to_dict() for node, s in sens.items()}
+    return dataclasses.replace(table, scope_errors=errors, base_sensitivity={"params": base, "layers": layers})
 
 
 def build(name: str) -> Table:

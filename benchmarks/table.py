@@ -14,21 +14,21 @@ sampler authors, so keep to it::
 ``rows`` covers every configuration of the space. Optionally, per-layer measurements that a
 sampler may take as a prior::
 
-     "layer_sensitivity": {layer_param: {"error_alone": float, "error_recovered": float,
-                                         "fp32_ms": float, "int8_ms": float}},
      "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}},
      "scope_errors": [{"params": {scope_param: choice}, "error": float}, ...],
-     "base_sensitivity": {"params": {scope_param: choice}, "layers": {layer_param: {...}}}
+     "base_sensitivity": {"params": {scope_param: choice},
+                          "layers": {layer_param: {"error_alone": float, "error_recovered": float,
+                                                   "fp32_ms": float, "int8_ms": float,
+                                                   "revert_cost": float}}}
 
-``layer_sensitivity`` is ``optuna_quant.sensitivity.measure_sensitivity`` run on the table's
-model, calibration data and quantizer at the default configuration
-(``LayerSensitivity.to_dict()`` per layer). ``layer_sensitivity_standin`` is the row of the
-configuration that differs from the default one in that layer alone (fp32), read from the
-table's rows: the stand-in used before tables carried the real measurement. ``scope_errors``
-holds, for every combination of the other parameters (range estimator, granularity, mode) with
-every layer int8, the output error against fp32 on the calibration samples (the noise-to-signal
-ratio of ``optuna_quant.sensitivity.output_error``); ``base_sensitivity`` is the per-layer
-sensitivity measured at the combination with the lowest of these errors.
+``layer_sensitivity_standin`` is the row of the configuration that differs from the default one
+in that layer alone (fp32), read from the table's rows: the stand-in used before tables carried
+the real measurement. ``scope_errors`` holds, for every combination of the other parameters
+(range estimator, granularity, mode; the reference's first) with every layer int8, the output
+error against fp32 on the calibration samples (``optuna_quant.sensitivity.measure_scope_errors``);
+``base_sensitivity`` is ``optuna_quant.sensitivity.measure_sensitivity`` run on the table's
+model, calibration data and quantizer at the combination with the lowest of these errors
+(``LayerSensitivity.to_dict()`` per layer).
 
 Example:
     >>> table = Table.from_rows(
@@ -71,9 +71,6 @@ class Table:
         rows: One dict per configuration with ``params``, ``accuracy``, ``acc_loss``, ``lat_diff``.
         layer_sensitivity_standin: Per layer parameter, ``acc_loss`` and ``lat_diff`` of the
             default configuration with that layer alone in fp32; ``None`` when not measured.
-        layer_sensitivity: Per layer parameter, ``optuna_quant.sensitivity``'s
-            ``LayerSensitivity.to_dict()`` measured on the table's model; ``None`` when not
-            measured.
         scope_errors: The all-int8 output error of every combination of the other parameters.
         base_sensitivity: The per-layer sensitivity at the combination of the other parameters
             with the lowest output error (``params``), by layer parameter (``layers``).
@@ -86,7 +83,6 @@ class Table:
     fp32: dict[str, float]
     rows: list[dict[str, Any]]
     layer_sensitivity_standin: dict[str, dict[str, float]] | None = None
-    layer_sensitivity: dict[str, dict[str, float]] | None = None
     scope_errors: list[dict[str, Any]] | None = None
     base_sensitivity: dict[str, Any] | None = None
     _index: dict[Key, dict[str, Any]] = field(init=False, repr=False, compare=False)
@@ -101,7 +97,6 @@ class Table:
             )
         object.__setattr__(self, "_index", index)
         named = {
-            "layer_sensitivity": set(self.layer_sensitivity or ()),
             "scope_errors": {name for entry in self.scope_errors or () for name in entry["params"]},
             "base_sensitivity": set(self.base_sensitivity["params"]) | set(self.base_sensitivity["layers"])
             if self.base_sensitivity
@@ -133,7 +128,7 @@ class Table:
             "targets": self.targets,
             "fp32": self.fp32,
         }
-        for key in ("layer_sensitivity_standin", "layer_sensitivity", "scope_errors", "base_sensitivity"):
+        for key in ("layer_sensitivity_standin", "scope_errors", "base_sensitivity"):
             if getattr(self, key) is not None:
                 head[key] = getattr(self, key)
         body = json.dumps(head, indent=1)[:-2]

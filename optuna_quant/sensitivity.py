@@ -9,33 +9,49 @@ Measured once per study, before the search:
   that layer is int8 (``error_alone``), and how much error keeping only that layer in fp32
   removes from the all-int8 model (``error_recovered``). :attr:`LayerSensitivity.acc_cost` is the
   one that predicted the measured accuracy loss of configurations better (see docs).
-- **Time.** onnxruntime's profiler (``SessionOptions.enable_profiling``) on the fp32 and the
-  all-int8 model: the median time of each node of the optimized graph, mapped back to the layer
-  it came from (:func:`layer_of`). onnxruntime fuses ``DequantizeLinear -> Conv -> QuantizeLinear``
+- **Time.** What reverting the layer alone to fp32 costs the all-int8 model, end to end: a short
+  paired timing (:func:`optuna_quant.latency.measure_latency`) of the all-int8 model against the
+  model with that layer in fp32 (:attr:`LayerSensitivity.revert_cost`). A revert adds
+  DequantizeLinear, QuantizeLinear and layout reorders around the layer, which no per-node
+  profile charges to it; on the benchmark models they are most of its cost. Next to it,
+  onnxruntime's profiler (``SessionOptions.enable_profiling``) on the fp32 and the all-int8
+  model: the median time of each node of the optimized graph, mapped back to the layer it came
+  from (:func:`layer_of`). onnxruntime fuses ``DequantizeLinear -> Conv -> QuantizeLinear``
   into ``QLinearConv`` (named ``<layer>_token_<n>``) and fp32 ``Conv -> Relu`` into an NCHWc
   ``Conv`` named after the Relu's output, so a node is charged to a layer by its name
   (``<layer>`` or ``<layer>_...``) or else by a weight or bias of the layer among its inputs
-  (``<initializer>`` or ``<initializer>_...``). A node with a single data input that neither maps
+  (``<initializer>`` or ``<initializer>_...``), trying every quantizable node of the model,
+  longest names first (``node_conv2d_1_token_5`` is ``node_conv2d_1``'s, not ``node_conv2d``'s). A node with a single data input that neither maps
   (the int8 model's Relu and QuantizeLinear after a layer, a layout reorder) is charged to the
   layer of that input's producer, since the fp32 model fuses the Relu into the layer. What stays
   unattributed (the graph input's QuantizeLinear, nodes with several data inputs such as Add or
   Concat, and what they feed) is reported by the log line as the models' unattributed node time.
 
-:func:`choice_scores` turns the result into a prior for samplers (parameter -> choice -> score), and
-:func:`revert_order` into the order in which start-up trials put layers back to fp32.
+The other parameters move the all-int8 error by far more than the layers differ, so the layers are
+measured where quantizing loses least: :func:`measure_scope_errors` gives the all-int8 output
+error of every combination of the other parameters (no timing: cheap), and the layers are
+measured at the lowest. :func:`choice_scores` turns both into a prior for samplers (parameter ->
+choice -> score), and :func:`revert_order` into the order in which start-up trials put layers back
+to fp32.
 
 Example:
-    >>> sens = measure_sensitivity(model, quantizer, feeds, space.nodes)    # doctest: +SKIP
+    >>> combos = scope_combinations(space.distributions())                   # doctest: +SKIP
+    >>> errors = measure_scope_errors(model, quantizer, feeds, combos,       # doctest: +SKIP
+    ...     lambda p: space.to_config({**space.default_params(), **p}))
+    >>> best = lowest_error(errors)["params"]                                 # doctest: +SKIP
+    >>> sens = measure_sensitivity(model, quantizer, feeds, space.nodes,      # doctest: +SKIP
+    ...     base_config=space.to_config({**space.default_params(), **best}))
     >>> revert_order(sens)[:2]                                               # doctest: +SKIP
     ['/6/Conv', '/0/Conv']
-    >>> choice_scores(sens)["layer:/6/Conv"]                                 # doctest: +SKIP
-    {'int8': 0.1, 'fp32': 0.9}
+    >>> choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)["layer:/6/Conv"]  # doctest: +SKIP
+    {'fp32': 0.93, 'int8': 0.07}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -46,18 +62,29 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from optuna.distributions import CategoricalDistribution
 
 from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.latency import measure_latency
 from optuna_quant.model_io import Feed
 from optuna_quant.quantize import Quantizer
 from optuna_quant.space import LAYER_PREFIX
 from optuna_quant.space import QuantConfig
+from optuna_quant.space import quantizable_nodes
+from optuna_quant.space import SearchSpace
 
 _logger = logging.getLogger(__name__)
 
 PROFILE_SUFFIX = "_kernel_time"
 SCORE_RANGE = (0.1, 0.9)
-"""The lowest and highest score :func:`choice_scores` gives a choice: a prior, never a verdict."""
+"""The lowest and highest score of a choice of the other parameters: a prior, never a verdict."""
+LAYER_SCORE_RANGE = (0.05, 0.95)
+"""The lowest and highest score of a layer's choice."""
+REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3)
+"""The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
+
+ScopeError = dict[str, Any]
+"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination."""
 
 
 @dataclass(frozen=True)
@@ -68,15 +95,19 @@ class LayerSensitivity:
         error_alone: Output noise-to-signal ratio when only this layer of the searched ones is int8.
         error_recovered: Output noise-to-signal ratio that keeping only this layer in fp32 removes
             from the all-int8 model (negative when it adds some).
-        fp32_ms: This layer's node time in the fp32 model, per run, in milliseconds.
-        int8_ms: This layer's node time in the all-int8 model (its int8 kernel and the Q/DQ
-            named after it), per run, in milliseconds.
+        fp32_ms: This layer's profiled node time in the fp32 model, per run, in milliseconds.
+        int8_ms: This layer's profiled node time in the all-int8 model (its int8 kernel and the
+            Q/DQ named after it), per run, in milliseconds.
+        revert_cost: The share of the all-int8 model's speed-up that keeping only this layer in
+            fp32 loses, timed end to end: ``1 - t_all_int8 / t_reverted`` (negative when the
+            revert is faster); ``None`` when not measured (a measurement stored before it was).
     """
 
     error_alone: float
     error_recovered: float
     fp32_ms: float
     int8_ms: float
+    revert_cost: float | None = None
 
     @property
     def acc_cost(self) -> float:
@@ -85,17 +116,21 @@ class LayerSensitivity:
 
     @property
     def time_saved_ms(self) -> float:
-        """Time int8 saves on this layer per run (negative when it is slower than fp32)."""
+        """Profiled time int8 saves on this layer per run (negative when it is slower than fp32)."""
         return self.fp32_ms - self.int8_ms
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         """The measurement as a JSON-serialisable dict (a study user attr)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerSensitivity:
-        """The measurement stored by :meth:`to_dict`."""
-        return cls(**{key: float(data[key]) for key in cls.__dataclass_fields__})
+        """The measurement stored by :meth:`to_dict` (``revert_cost`` may be absent)."""
+        cost = data.get("revert_cost")
+        return cls(
+            **{key: float(data[key]) for key in ("error_alone", "error_recovered", "fp32_ms", "int8_ms")},
+            revert_cost=None if cost is None else float(cost),
+        )
 
 
 def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequence[np.ndarray]]) -> float:
@@ -120,29 +155,36 @@ def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Se
 def layer_of(node: onnx.NodeProto, layers: Mapping[str, Iterable[str]]) -> str | None:
     """The layer that a node of onnxruntime's optimized graph computes, or ``None``.
 
+    Names are tried longest first, so that a layer whose name extends another's
+    (``node_conv2d_1`` and ``node_conv2d``) gets its own nodes.
+
     Args:
         node: A node of the optimized graph.
-        layers: For each layer, the names of its initializers (weight, bias).
+        layers: For each layer (every quantizable node of the model, so that none is charged
+            to another), the names of its initializers (weight, bias).
 
     Example:
         >>> from onnx import helper
-        >>> layers = {"/0/Conv": ["0.weight", "0.bias"], "/2/Conv": ["2.weight"]}
-        >>> fused = helper.make_node("QLinearConv", ["x", "s", "z", "2.weight_quantized"], ["y"], name="/2/Conv_token_1")
+        >>> layers = {"conv": ["w"], "conv_1": ["w_1"], "/2/Conv": ["2.weight"]}
+        >>> fused = helper.make_node("QLinearConv", ["x", "s", "z", "w_1_quantized"], ["y"], name="conv_1_token_5")
         >>> layer_of(fused, layers)
-        '/2/Conv'
-        >>> layer_of(helper.make_node("Conv", ["x", "reorder", "0.bias"], ["y"], name="/1/Relu_output_0_nchwc"), layers)
-        '/0/Conv'
+        'conv_1'
+        >>> layer_of(helper.make_node("Conv", ["x", "w_1_reorder"], ["y"], name="/1/Relu_output_0_nchwc"), layers)
+        'conv_1'
         >>> layer_of(helper.make_node("Relu", ["x"], ["y"], name="/1/Relu"), layers) is None
         True
     """
-    for layer in layers:
+    for layer in sorted(layers, key=len, reverse=True):
         if node.name == layer or node.name.startswith(layer + "_"):
             return layer
-    for layer, initializers in layers.items():
-        for name in node.input:
-            if any(name == init or name.startswith(init + "_") for init in initializers):
-                return layer
-    return None
+    matches = [
+        (len(init), layer)
+        for layer, initializers in layers.items()
+        for init in initializers
+        for name in node.input
+        if name == init or name.startswith(init + "_")
+    ]
+    return max(matches)[1] if matches else None
 
 
 def _initializers_of(model: onnx.ModelProto, nodes: Iterable[str]) -> dict[str, list[str]]:
@@ -216,6 +258,21 @@ def profile_layers(
     return per_layer, unattributed
 
 
+def _session(model: onnx.ModelProto, settings: BenchmarkSettings) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), settings.session_options(), providers=["CPUExecutionProvider"])
+
+
+def _outputs(model: onnx.ModelProto, samples: Sequence[Feed], settings: BenchmarkSettings) -> list[list[np.ndarray]]:
+    session = _session(model, settings)
+    return [session.run(None, feed) for feed in samples]
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
 def measure_sensitivity(
     fp32_model: onnx.ModelProto,
     quantizer: Quantizer,
@@ -226,18 +283,26 @@ def measure_sensitivity(
     n_samples: int = 32,
     profile_runs: int = 20,
     settings: BenchmarkSettings | None = None,
+    revert_timing: BenchmarkSettings | None = REVERT_TIMING,
 ) -> dict[str, LayerSensitivity]:
-    """Measure every layer of ``nodes`` once: its accuracy cost and the time int8 saves on it.
+    """Measure every layer of ``nodes`` once: its accuracy cost and what int8 saves on it.
+
+    Costs ``2 n + 2`` quantized models' output errors on ``n_samples`` feeds, two profiles, and
+    ``n`` short paired timings (``revert_timing``: about 0.3 s of runs and one session each by
+    default; the log line gives their time).
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
         quantizer: Builds the int8 models (cached calibration).
-        feeds: Input dicts; the first ``n_samples`` measure the output error, the first is profiled.
+        feeds: Input dicts; the first ``n_samples`` measure the output error, the first is timed.
         nodes: The searchable layers; the others keep ``base_config``'s choice throughout.
-        base_config: The all-int8 configuration (the reference; default :class:`QuantConfig`).
+        base_config: The all-int8 configuration (default :class:`QuantConfig`; best measured at
+            the lowest-error combination of :func:`measure_scope_errors`).
         n_samples: Feeds on which the output error is measured.
         profile_runs: Profiled runs of each of the fp32 and the all-int8 models.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
+        revert_timing: The paired timing of each revert (:attr:`LayerSensitivity.revert_cost`),
+            on ``settings``' threads; ``None`` leaves ``revert_cost`` unmeasured.
 
     Returns:
         The sensitivity of each layer, by name, in the order of ``nodes``.
@@ -252,60 +317,186 @@ def measure_sensitivity(
     missing = [n for n in nodes if n not in names]
     if not nodes or missing:
         raise ValueError(f"nodes must name nodes of the model; missing: {missing or 'all (none given)'}.")
-    for name, value in (("n_samples", n_samples), ("profile_runs", profile_runs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    _check_positive(n_samples=n_samples, profile_runs=profile_runs)
     samples = list(feeds[:n_samples])
     _logger.info("Measuring the sensitivity of %d layers on %d samples", len(nodes), len(samples))
     start = time.perf_counter()
 
-    def run(model: onnx.ModelProto) -> list[list[np.ndarray]]:
-        options = settings.session_options()
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return [session.run(None, feed) for feed in samples]
+    def with_fallback(fallback: Iterable[str]) -> onnx.ModelProto:
+        return quantizer.quantize(replace(base, fallback=frozenset(base.fallback | set(fallback))))
 
-    def error(fallback: Iterable[str]) -> float:
-        config = replace(base, fallback=frozenset(base.fallback | set(fallback)))
-        return output_error(reference, run(quantizer.quantize(config)))
-
-    reference = run(fp32_model)
+    reference = _outputs(fp32_model, samples, settings)
     all_int8 = quantizer.quantize(base)
-    base_error = output_error(reference, run(all_int8))
-    alone = {n: error(set(nodes) - {n}) for n in nodes}
-    recovered = {n: base_error - error({n}) for n in nodes}
+    base_error = output_error(reference, _outputs(all_int8, samples, settings))
+    alone = {n: output_error(reference, _outputs(with_fallback(set(nodes) - {n}), samples, settings)) for n in nodes}
+    reverted = {n: with_fallback({n}) for n in nodes}
+    recovered = {n: base_error - output_error(reference, _outputs(reverted[n], samples, settings)) for n in nodes}
     measured = time.perf_counter()
-    layers = _initializers_of(fp32_model, nodes)
+    layers = _initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | set(nodes)))
     fp32_ms, fp32_rest = profile_layers(fp32_model, samples[0], layers, settings, profile_runs)
     int8_ms, int8_rest = profile_layers(all_int8, samples[0], layers, settings, profile_runs)
-    sens = {n: LayerSensitivity(alone[n], recovered[n], fp32_ms[n], int8_ms[n]) for n in nodes}
+    profiled = time.perf_counter()
+    cost: dict[str, float | None] = dict.fromkeys(nodes)
+    if revert_timing is not None:
+        timing = replace(revert_timing, threads=settings.threads)
+        int8_session = _session(all_int8, timing)
+        for n in nodes:
+            # measure_latency's "fp32" slot holds the all-int8 model: its lat_diff is t_all / t_reverted.
+            cost[n] = 1.0 - measure_latency(int8_session, _session(reverted[n], timing), samples[0], timing).lat_diff
+    sens = {n: LayerSensitivity(alone[n], recovered[n], fp32_ms[n], int8_ms[n], cost[n]) for n in nodes}
     _logger.info(
-        "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s): "
-        "all-int8 error %.3g; layer node time fp32 %.3f ms, int8 %.3f ms; unattributed %.3f ms and %.3f ms",
+        "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s, revert "
+        "timings %.1f s): all-int8 error %.3g; layer node time fp32 %.3f ms, int8 %.3f ms; unattributed "
+        "%.3f ms and %.3f ms",
         len(nodes),
         time.perf_counter() - start,
         measured - start,
-        time.perf_counter() - measured,
+        profiled - measured,
+        time.perf_counter() - profiled,
         base_error,
-        sum(fp32_ms.values()),
-        sum(int8_ms.values()),
+        sum(fp32_ms[n] for n in nodes),
+        sum(int8_ms[n] for n in nodes),
         fp32_rest,
         int8_rest,
     )
     return sens
 
 
+def scope_combinations(distributions: Mapping[str, CategoricalDistribution]) -> list[dict[str, Any]]:
+    """Every combination of the choices of the parameters other than layers, the first choices first.
+
+    Example:
+        >>> from optuna.distributions import CategoricalDistribution as C
+        >>> scope_combinations({"layer:a": C(["int8", "fp32"]), "granularity": C(["per_channel", "per_tensor"])})
+        [{'granularity': 'per_channel'}, {'granularity': 'per_tensor'}]
+    """
+    names = [name for name in distributions if not name.startswith(LAYER_PREFIX)]
+    product = itertools.product(*(distributions[name].choices for name in names))
+    return [dict(zip(names, values)) for values in product]
+
+
+def measure_scope_errors(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    feeds: Sequence[Feed],
+    combinations: Sequence[Mapping[str, Any]],
+    to_config: Callable[[Mapping[str, Any]], QuantConfig],
+    *,
+    n_samples: int = 32,
+    settings: BenchmarkSettings | None = None,
+) -> list[ScopeError]:
+    """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
+
+    No timing: one quantized model and ``n_samples`` runs per combination (calibration is
+    ``quantizer``'s, once per range estimator).
+
+    Args:
+        fp32_model: The fp32 model that ``quantizer`` quantizes.
+        quantizer: Builds the int8 models.
+        feeds: Input dicts; the first ``n_samples`` count.
+        combinations: The combinations (:func:`scope_combinations`), the reference's first.
+        to_config: The all-int8 configuration of a combination.
+        n_samples: Feeds on which the output error is measured.
+        settings: Threads for every session (default :class:`BenchmarkSettings`).
+
+    Returns:
+        ``{"params": combination, "error": float}`` per combination, in their order.
+
+    Raises:
+        ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
+    """
+    if not combinations:
+        raise ValueError("combinations must hold at least the reference's.")
+    _check_positive(n_samples=n_samples)
+    settings = settings or BenchmarkSettings()
+    samples = list(feeds[:n_samples])
+    start = time.perf_counter()
+    reference = _outputs(fp32_model, samples, settings)
+    errors = [
+        {"params": dict(params), "error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
+        for params in combinations
+    ]
+    best = lowest_error(errors)
+    _logger.info(
+        "Measured the all-int8 output error of %d combinations in %.1f s: reference %.3g, lowest %.3g at %s",
+        len(errors),
+        time.perf_counter() - start,
+        errors[0]["error"],
+        best["error"],
+        best["params"],
+    )
+    return errors
+
+
+def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
+    """The combination with the lowest all-int8 output error: where to measure the layers."""
+    return min(scope_errors, key=lambda entry: entry["error"])
+
+
+def measure_space(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    feeds: Sequence[Feed],
+    space: SearchSpace,
+    *,
+    n_samples: int = 32,
+    profile_runs: int = 20,
+    settings: BenchmarkSettings | None = None,
+    revert_timing: BenchmarkSettings | None = REVERT_TIMING,
+) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
+    """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
+    then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
+
+    The scope errors cost one quantized model per combination (120 for every scope on a model
+    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    :func:`measure_sensitivity` says.
+
+    Returns:
+        The scope errors (the reference's first) and the layers' sensitivity, the two measurements
+        :func:`choice_scores` takes.
+
+    Example:
+        >>> errors, sens = measure_space(model, quantizer, feeds, space)  # doctest: +SKIP
+        >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
+    """
+
+    def to_config(params: Mapping[str, Any]) -> QuantConfig:
+        return space.to_config({**space.default_params(), **params})
+
+    combinations = scope_combinations(space.distributions())
+    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    sens = measure_sensitivity(
+        fp32_model,
+        quantizer,
+        feeds,
+        space.nodes,
+        base_config=to_config(lowest_error(errors)["params"]),
+        n_samples=n_samples,
+        profile_runs=profile_runs,
+        settings=settings,
+        revert_timing=revert_timing,
+    )
+    return errors, sens
+
+
+def _saving(s: LayerSensitivity) -> float:
+    return s.time_saved_ms if s.revert_cost is None else s.revert_cost
+
+
 def _harm_key(s: LayerSensitivity) -> tuple[int, float]:
     # A layer that int8 does not speed up has nothing to trade its accuracy cost against: first.
-    if s.time_saved_ms <= 0:
+    saving = _saving(s)
+    if saving <= 0:
         return (0, -s.acc_cost)
-    return (1, -s.acc_cost / s.time_saved_ms)
+    return (1, -s.acc_cost / saving)
 
 
 def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
     """Layers in the order start-up trials should put them back to fp32: most harm per time saved first.
 
-    Layers that int8 does not speed up come first (by accuracy cost), then the others by
-    ``acc_cost / time_saved_ms``, highest first.
+    The time a layer's int8 saves is its :attr:`~LayerSensitivity.revert_cost` where measured,
+    else its profiled :attr:`~LayerSensitivity.time_saved_ms`. Layers that int8 does not speed
+    up come first (by accuracy cost), then the others by ``acc_cost / saving``, highest first.
 
     Example:
         >>> sens = {
@@ -319,24 +510,89 @@ def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
     return sorted(sens, key=lambda n: _harm_key(sens[n]))
 
 
-def choice_scores(sens: Mapping[str, LayerSensitivity]) -> dict[str, dict[str, float]]:
-    """A prior over each layer's choice for samplers: ``"layer:<node>" -> {"int8": p, "fp32": 1 - p}``.
+def layer_scores(gain: float, cost: float) -> dict[str, float]:
+    """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
 
-    ``p = 0.5 + 0.4 (t - a)``: ``a`` is the layer's accuracy cost over the largest one, ``t`` the
-    time it saves over the largest saving (0 when it saves none), so the layer that costs the most
-    and saves nothing scores 0.1 for int8 and the one that saves the most at no cost 0.9. The
-    scores rank layers against each other; they do not say whether any layer must be fp32.
+    ``gain``: the accuracy loss it saves, in accuracy targets; ``cost``: the share of the
+    speed-up it loses. fp32 scores ``sigmoid(4 (gain - cost))`` within :data:`LAYER_SCORE_RANGE`,
+    int8 the rest: reverting is likely good when it buys more accuracy than it costs speed.
 
     Example:
-        >>> choice_scores({"a": LayerSensitivity(0.05, 0.05, 1.0, 0.5), "b": LayerSensitivity(0.2, 0.2, 0.1, 0.2)})
-        {'layer:a': {'int8': 0.8, 'fp32': 0.2}, 'layer:b': {'int8': 0.1, 'fp32': 0.9}}
+        >>> layer_scores(0.5, 0.25)
+        {'fp32': 0.7311, 'int8': 0.2689}
     """
-    top_cost = max((max(s.acc_cost, 0.0) for s in sens.values()), default=0.0)
-    top_saved = max((max(s.time_saved_ms, 0.0) for s in sens.values()), default=0.0)
-    scores = {}
+    fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), *LAYER_SCORE_RANGE))
+    return {"fp32": round(fp32, 4), "int8": round(1.0 - fp32, 4)}
+
+
+def scope_scores(scope_errors: Sequence[ScopeError]) -> dict[str, dict[Any, float]]:
+    """Scores of the choices of the other parameters: ``lowest error / the choice's best error``.
+
+    Each choice scores the lowest all-int8 error of any combination with it, relative to the
+    lowest of all, within :data:`SCORE_RANGE`: the choices that quantize with the least error
+    lead; one ten times worse is unlikely.
+
+    Example:
+        >>> scope_scores([{"params": {"g": "c"}, "error": 0.01}, {"params": {"g": "t"}, "error": 0.04}])
+        {'g': {'c': 0.9, 't': 0.25}}
+    """
+    best: dict[str, dict[Any, float]] = {}
+    for entry in scope_errors:
+        for name, choice in entry["params"].items():
+            by_choice = best.setdefault(name, {})
+            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
+    lowest = lowest_error(scope_errors)["error"]
+    return {
+        name: {choice: round(float(np.clip(lowest / error if error > 0 else 1.0, *SCORE_RANGE)), 4) for choice, error in by_choice.items()}
+        for name, by_choice in best.items()
+    }
+
+
+def choice_scores(
+    sens: Mapping[str, LayerSensitivity],
+    *,
+    acc_loss: float,
+    accuracy_target: float,
+    scope_errors: Sequence[ScopeError] = (),
+) -> dict[str, dict[Any, float]]:
+    """A prior for samplers, ``{parameter: {choice: score in (0, 1)}}``, from the measurements.
+
+    - The other parameters (those of ``scope_errors``, named as there): :func:`scope_scores`.
+    - Each layer (``"layer:<node>"``): :func:`layer_scores` of what reverting it buys and costs.
+      The all-int8 configuration's accuracy loss is shared out over the layers as their output
+      error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
+      summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units of
+      ``accuracy_target``; it costs its measured :attr:`~LayerSensitivity.revert_cost`.
+
+    Args:
+        sens: The layers' sensitivity, with ``revert_cost`` measured, at the lowest-error
+            combination of ``scope_errors`` (or at the reference when there are none).
+        acc_loss: The reference's relative accuracy loss (a fraction: 0.02 for 2 %). With
+            ``scope_errors``, the loss at the lowest-error combination is predicted from it,
+            scaled by the ratio of the two errors (the first entry is the reference's).
+        accuracy_target: The largest acceptable relative accuracy loss, as a fraction.
+        scope_errors: :func:`measure_scope_errors`' result; none: layers only.
+
+    Raises:
+        ValueError: If ``accuracy_target`` is not positive or a layer has no ``revert_cost``.
+
+    Example:
+        >>> sens = {"a": LayerSensitivity(0.03, 0.03, 0.1, 0.05, 0.05), "b": LayerSensitivity(0.01, 0.0, 0.1, 0.05, 0.3)}
+        >>> choice_scores(sens, acc_loss=0.02, accuracy_target=0.01)
+        {'layer:a': {'fp32': 0.95, 'int8': 0.05}, 'layer:b': {'fp32': 0.2315, 'int8': 0.7685}}
+    """
+    if not accuracy_target > 0:
+        raise ValueError(f"accuracy_target must be a positive fraction, got {accuracy_target!r}.")
+    unmeasured = [node for node, s in sens.items() if s.revert_cost is None]
+    if unmeasured:
+        raise ValueError(f"Layers {unmeasured} have no revert_cost; measure them with revert_timing set.")
+    scores: dict[str, dict[Any, float]] = {}
+    if scope_errors:
+        scores.update(scope_scores(scope_errors))
+        reference = scope_errors[0]["error"]
+        acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
+    total = sum(max(s.error_alone, 0.0) for s in sens.values())
     for node, s in sens.items():
-        a = max(s.acc_cost, 0.0) / top_cost if top_cost > 0 else 0.0
-        t = max(s.time_saved_ms, 0.0) / top_saved if top_saved > 0 else 0.0
-        p = round(min(max(0.5 + 0.4 * (t - a), SCORE_RANGE[0]), SCORE_RANGE[1]), 4)
-        scores[LAYER_PREFIX + node] = {"int8": p, "fp32": round(1.0 - p, 4)}
+        gain = acc_loss * s.error_recovered / total / accuracy_target if total > 0 else 0.0
+        scores[LAYER_PREFIX + node] = layer_scores(gain, s.revert_cost)  # type: ignore[arg-type]
     return scores

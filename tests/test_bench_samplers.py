@@ -28,18 +28,15 @@ from benchmarks.bench_samplers import (  # noqa: E402
     median_missing_worst,
     run_task,
     sensitivity_prior,
-    share_prior,
     smallest_choice_count,
     standin_prior,
-    base_prior,
-    scope_scores,
     summarise,
-    target_prior,
     trials_to_target,
 )
 from benchmarks.synthetic import synthetic_table  # noqa: E402
 from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
 from optuna_quant.sensitivity import LayerSensitivity, choice_scores  # noqa: E402
+from optuna_quant.space import QuantConfig  # noqa: E402
 
 # acc_loss, lat_diff of each configuration of a 2 x 3 space; targets 1 % and 1.5.
 TINY_RESULTS = {
@@ -294,37 +291,37 @@ def test_prior_run_feeds_the_samplers(layered: Table, tmp_path: Path) -> None:
         main(["--samplers", "optuna-tpe", "oq-gp", "--prior", "--tables", "dwsep", "--out", str(tmp_path / "x.json")])
 
 
-# l0 costs the most output error and int8 makes it slower; l1 costs little and saves the most time.
+# At the lowest-error combination: reverting l0 recovers most of the error at a small cost;
+# l1 recovers nothing and costs 40 % of the speed-up.
 LAYERED_SENSITIVITY = {
-    "layer:l0": LayerSensitivity(error_alone=0.2, error_recovered=0.15, fp32_ms=0.1, int8_ms=0.2),
-    "layer:l1": LayerSensitivity(error_alone=0.01, error_recovered=0.0, fp32_ms=1.0, int8_ms=0.2),
+    "layer:l0": LayerSensitivity(error_alone=0.2, error_recovered=0.15, fp32_ms=0.1, int8_ms=0.2, revert_cost=0.05),
+    "layer:l1": LayerSensitivity(error_alone=0.01, error_recovered=0.0, fp32_ms=1.0, int8_ms=0.2, revert_cost=0.4),
 }
 
 
 def test_sensitivity_prior_maps_the_measurement_to_the_table_parameters(layered: Table, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'layered' has no per-layer sensitivity.*--sensitivity-only --tables layered"):
+    with pytest.raises(ValueError, match="'layered' has no scope_errors or base_sensitivity.*--sensitivity-only --tables layered"):
         sensitivity_prior(layered)
-    with pytest.raises(ValueError, match=r"names \['layer:l9'\], which are not parameters"):
-        dataclasses.replace(layered, layer_sensitivity={"layer:l9": LAYERED_SENSITIVITY["layer:l0"].to_dict()})
+    with pytest.raises(ValueError, match=r"scope_errors names \['mode'\]"):
+        dataclasses.replace(layered, scope_errors=[{"params": {"mode": "symmetric"}, "error": 0.1}])
+    errors = [{"params": {"est": "minmax"}, "error": 0.02}, {"params": {"est": "entropy"}, "error": 0.004}]
     table = dataclasses.replace(
-        layered, layer_sensitivity={name: s.to_dict() for name, s in LAYERED_SENSITIVITY.items()}
+        layered,
+        scope_errors=errors,
+        base_sensitivity={"params": {"est": "entropy"}, "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()}},
     )
     table.save(tmp_path / "layered.json")
     table = Table.load(tmp_path / "layered.json")
-    assert table.layer_sensitivity == {name: s.to_dict() for name, s in LAYERED_SENSITIVITY.items()}
     prior = sensitivity_prior(table)
-    # choice_scores of the measurement by node name gives the table's own parameter names back.
-    assert prior == choice_scores({"l0": LAYERED_SENSITIVITY["layer:l0"], "l1": LAYERED_SENSITIVITY["layer:l1"]})
-    assert prior["layer:l0"]["int8"] == 0.1 and prior["layer:l1"]["int8"] == pytest.approx(0.88)
-    # Shares: l0 holds 0.2 / 0.21 of the error and none of the saving, l1 the rest.
-    shares = share_prior(table)
-    assert shares["layer:l0"]["int8"] == pytest.approx(0.5 - 0.4 * 0.2 / 0.21, abs=1e-4)
-    assert shares["layer:l1"]["int8"] == pytest.approx(0.5 + 0.4 * (1 - 0.01 / 0.21), abs=1e-4)
-    # Targets: reverting l0 saves 0.02 * 0.15 / 0.21 of acc_loss (1.43 targets) and costs 5 % of
-    # lat_diff end to end (its row); l1 saves nothing and costs 40 %.
-    targets = target_prior(table)
-    assert targets["layer:l0"]["fp32"] == 0.95
-    assert targets["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)))
+    # The module's scores, keyed by the table's own parameter names; the reference's acc_loss
+    # (0.02) is the default row's, the target 1 %.
+    by_node = {name.removeprefix("layer:"): s for name, s in LAYERED_SENSITIVITY.items()}
+    assert prior == choice_scores(by_node, acc_loss=0.02, accuracy_target=0.01, scope_errors=errors)
+    assert prior["est"] == {"minmax": pytest.approx(0.2), "entropy": 0.9}
+    # At entropy the acc_loss is predicted 5 times lower: reverting l0 buys 0.004 * 0.15 / 0.21
+    # (0.29 targets) and costs 5 %; l1 buys nothing and costs 40 %.
+    assert prior["layer:l0"]["fp32"] == pytest.approx(1 / (1 + np.exp(-4 * (0.004 * 0.15 / 0.21 / 0.01 - 0.05))), abs=1e-4)
+    assert prior["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)), abs=1e-4)
 
 
 def test_prior_option_names_the_source(tmp_path: Path) -> None:
@@ -335,102 +332,60 @@ def test_prior_option_names_the_source(tmp_path: Path) -> None:
         )
         assert list(report["tables"]["dwsep"]["samplers"]) == [name]
     # A table without the measurement fails before any study runs.
-    with pytest.raises(ValueError, match="'synthetic_interactions' has no per-layer sensitivity"):
+    with pytest.raises(ValueError, match="'synthetic_interactions' has no scope_errors or base_sensitivity"):
         main(["--samplers", "oq-gp", "--prior", "--tables", "synthetic_interactions", "--out", str(tmp_path / "x")])
 
 
 @pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
 def test_committed_model_tables_carry_the_sensitivity_of_every_layer(name: str) -> None:
     table = Table.load(TABLES_DIR / f"{name}.json")
-    assert set(table.layer_sensitivity) == {p for p in table.names if p.startswith("layer:")}
-    for measured in table.layer_sensitivity.values():
-        sens = LayerSensitivity.from_dict(measured)
-        # Every layer has its own int8 kernel time: none is charged to a layer whose name prefixes its own.
-        assert sens.int8_ms > 0 and sens.fp32_ms > 0 and sens.error_alone > 0
-    assert set(sensitivity_prior(table)) == set(table.layer_sensitivity)
-
-
-def test_layers_named_as_prefixes_of_each_other_get_their_own_time() -> None:
-    """The exporter's names (``node_conv``, ``node_conv_1``) prefix one another: the fused int8
-    ``node_conv_1_token_<n>`` goes to ``node_conv`` unless the longest names are tried first."""
-    from benchmarks.build_tables import longest_layer_names_first
-    from examples.tiny_cnn import build_cnn, calibration_data
-    from optuna_quant import sensitivity
-    from optuna_quant.model_io import to_feeds
-    from optuna_quant.quantize import Quantizer
-
-    model = build_cnn(channels=(32, 32), image_size=28)
-    for node, new in zip(model.graph.node, ("node_conv", "relu1", "node_conv_1")):
-        node.name = new
-    feeds = to_feeds(calibration_data(model), model)
-    quantizer = Quantizer(model, feeds)
-
-    def measure() -> dict[str, LayerSensitivity]:
-        return sensitivity.measure_sensitivity(model, quantizer, feeds, ["node_conv", "node_conv_1"], profile_runs=5)
-
-    assert measure()["node_conv_1"].int8_ms == 0.0  # the fault in sensitivity.layer_of
-    with longest_layer_names_first():
-        fixed = measure()
-    assert fixed["node_conv_1"].int8_ms > 0.0
-    assert sensitivity.layer_of.__name__ == "layer_of" and sensitivity.layer_of.__module__ == sensitivity.__name__
-
-
-def test_base_prior_scores_the_scopes_and_the_layers_where_quantizing_loses_least(layered: Table) -> None:
-    with pytest.raises(ValueError, match="'layered' has no scope_errors or base_sensitivity.*--sensitivity-only"):
-        base_prior(layered)
-    with pytest.raises(ValueError, match=r"scope_errors names \['mode'\]"):
-        dataclasses.replace(layered, scope_errors=[{"params": {"mode": "symmetric"}, "error": 0.1}])
-    table = dataclasses.replace(
-        layered,
-        scope_errors=[{"params": {"est": "minmax"}, "error": 0.02}, {"params": {"est": "entropy"}, "error": 0.004}],
-        base_sensitivity={
-            "params": {"est": "entropy"},
-            "layers": {n: s.to_dict() for n, s in LAYERED_SENSITIVITY.items()},
-        },
-    )
-    assert scope_scores(table) == {"est": {"minmax": pytest.approx(0.2), "entropy": 0.9}}
-    prior = base_prior(table)
-    assert prior["est"] == scope_scores(table)["est"]
-    # At entropy the default's acc_loss 0.02 is predicted 5 times lower: reverting l0 saves
-    # 0.004 * 0.15 / 0.21 (0.29 targets) and costs 5 % of lat_diff; l1 saves nothing, costs 40 %.
-    assert prior["layer:l0"]["fp32"] == pytest.approx(1 / (1 + np.exp(-4 * (0.004 * 0.15 / 0.21 / 0.01 - 0.05))))
-    assert prior["layer:l1"]["fp32"] == pytest.approx(1 / (1 + np.exp(4 * 0.4)))
+    layers = {p for p in table.names if p.startswith("layer:")}
+    assert set(table.base_sensitivity["layers"]) == layers
+    sens = {n: LayerSensitivity.from_dict(measured) for n, measured in table.base_sensitivity["layers"].items()}
+    # Every layer has its own int8 kernel time: none is charged to a layer whose name prefixes its own.
+    assert all(s.int8_ms > 0 and s.fp32_ms > 0 and s.error_alone > 0 for s in sens.values())
+    # The timed revert cost ranks the layers as the table's own rows do: the same costliest revert.
+    base = {**table.reference, **table.base_sensitivity["params"]}
+    all_int8 = table.lookup(base)["lat_diff"]
+    rows = {n: 1 - table.lookup({**base, n: "fp32"})["lat_diff"] / all_int8 for n in layers}
+    assert max(sens, key=lambda n: sens[n].revert_cost) == max(rows, key=rows.get)
+    assert set(sensitivity_prior(table)) == set(table.params)
 
 
 @pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
 def test_committed_model_tables_carry_the_error_of_every_scope_combination(name: str) -> None:
     table = Table.load(TABLES_DIR / f"{name}.json")
     scopes = {p: c for p, c in table.params.items() if not p.startswith("layer:")}
-    assert sorted(table.key({**table.reference, **e["params"]}) for e in table.scope_errors) == sorted(
-        table.key({**table.reference, **c}) for c in configurations(scopes)
-    )
+    assert [e["params"] for e in table.scope_errors] == configurations(scopes)
+    assert table.scope_errors[0]["params"] == {p: c[0] for p, c in scopes.items()}  # the reference first
     best = min(table.scope_errors, key=lambda e: e["error"])
     assert table.base_sensitivity["params"] == best["params"]
-    assert set(table.base_sensitivity["layers"]) == set(table.layer_sensitivity)
 
 
-def test_scope_errors_and_layer_sensitivity_measure_the_tables_objective(tmp_path: Path) -> None:
-    from benchmarks.build_tables import BENCHMARK, Setup, layer_sensitivity, scope_errors
+def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -> None:
+    from benchmarks.build_tables import BENCHMARK, Setup, table_config, with_sensitivity
     from examples.tiny_cnn import build_cnn, calibration_data, fp32_agreement
-    from optuna_quant.model_io import to_feeds
     from optuna_quant.objective import QuantizationObjective
-    from optuna_quant.sensitivity import measure_sensitivity
-    from optuna_quant.space import QuantConfig
 
     model = build_cnn()
     calibration = calibration_data(model)
     objective = QuantizationObjective(model, calibration, fp32_agreement(model), benchmark=BENCHMARK, fp32_accuracy=1.0)
-    measured = Setup(objective, calibration, {}, 1.0)
-    errors = scope_errors(measured)
-    assert len(errors) == 5 * 2 * 2 and all(e["error"] > 0 for e in errors)
-    assert len({round(e["error"], 12) for e in errors}) > 10  # the scopes change the int8 model
-    asymmetric = {"range_estimator": "percentile_99.9", "granularity": "per_tensor", "mode": "asymmetric"}
-    measured_layers = layer_sensitivity(measured, asymmetric)
-    direct = measure_sensitivity(
-        model, objective.quantizer, to_feeds(calibration, model), objective.space.nodes,
-        base_config=QuantConfig(range_estimator="percentile_99.9", per_channel=False, symmetric=False), profile_runs=5,
+    # The tables' older space: one mode for activations and weights, every QDQ operator type.
+    assert table_config(objective, {"range_estimator": "entropy", "granularity": "per_tensor", "mode": "asymmetric"}) == (
+        QuantConfig(range_estimator="entropy", per_channel=False, activation_symmetric=False, weight_symmetric=False, op_types="qdq")
     )
-    assert set(measured_layers) == {"layer:" + n for n in objective.space.nodes}
-    assert {n: measured_layers["layer:" + n]["error_alone"] for n in direct} == {
-        n: s.error_alone for n, s in direct.items()
-    }
+    params = {**{f"layer:{n}": ["int8", "fp32"] for n in objective.space.nodes},
+              "range_estimator": ["minmax", "percentile_99.9"], "granularity": ["per_channel", "per_tensor"],
+              "mode": ["symmetric", "asymmetric"]}
+    rows = [{"params": c, "accuracy": 1.0, "acc_loss": 0.0, "lat_diff": 1.0} for c in configurations(params)]
+    table = Table.from_rows(name="cnn", description="rows unused", params=params, rows=rows,
+                            targets={"accuracy_loss": 1.0, "latency_reduce": 1.5}, fp32={"accuracy": 1.0, "latency_ms": 1.0})
+    measured = with_sensitivity(table, Setup(objective, calibration, {}, 1.0))
+    errors = measured.scope_errors
+    assert len(errors) == 2 * 2 * 2 and len({round(e["error"], 12) for e in errors}) == 8  # each changes the model
+    assert measured.base_sensitivity["params"] == min(errors, key=lambda e: e["error"])["params"]
+    layers = measured.base_sensitivity["layers"]
+    assert set(layers) == {f"layer:{n}" for n in objective.space.nodes}
+    assert all(LayerSensitivity.from_dict(s).revert_cost is not None for s in layers.values())
+    measured.save(tmp_path / "cnn.json")
+    assert Table.load(tmp_path / "cnn.json").base_sensitivity == measured.base_sensitivity
