@@ -40,7 +40,7 @@ from optuna_quant.dashboard import DEFAULT_HOST
 from optuna_quant.dashboard import DEFAULT_PORT
 from optuna_quant.dashboard import serve
 from optuna_quant.dashboard import study_url
-from optuna_quant.figures import SENSITIVITY_KEY
+from optuna_quant.records import SENSITIVITY_KEY
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.probe import probe
 from optuna_quant.probe import run_probe

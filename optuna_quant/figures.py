@@ -29,13 +29,11 @@ import plotly.graph_objects as go
 
 from optuna_quant.loss import Targets
 from optuna_quant.records import REFERENCE_KEY
+from optuna_quant.records import SENSITIVITY_KEY
 from optuna_quant.records import TARGETS_KEY
 from optuna_quant.results import best_trial
 from optuna_quant.results import recorded
 
-SENSITIVITY_KEY = "sensitivity"
-"""The study user attr that holds the per-layer sensitivity
-``{node: {"acc_cost": float, "time_saved_ms": float}}``."""
 ACC_LOSS_LABEL = "acc_loss (relative accuracy loss against fp32)"
 LAT_DIFF_LABEL = "lat_diff (fp32 latency / int8 latency, x)"
 _MET, _MISSED, _BEST, _TARGET = "#2ca02c", "#9a9a9a", "#d62728", "rgba(44, 160, 44, 0.12)"

@@ -130,6 +130,8 @@ class QuantizationObjective:
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
             (see :mod:`optuna_quant.prepare`); fp32 accuracy and latency are always measured on
             the model as given, so ``lat_diff`` is the speed-up the user gets.
+        guided: After the reference, measure the per-layer sensitivity once and queue start-up
+            trials from it (see :mod:`optuna_quant.guidance`); ``create_study`` sets it.
 
     Raises:
         FileNotFoundError, ValueError: For a bad model, calibration data or setting; raised here,
@@ -153,6 +155,7 @@ class QuantizationObjective:
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
         pre_process: bool = True,
+        guided: bool = False,
     ) -> None:
         if objective_mode not in OBJECTIVE_MODES:
             raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
@@ -177,13 +180,12 @@ class QuantizationObjective:
         self.stop_on_target = stop_on_target
         self.objective_mode = objective_mode
         self.lock: StudyLock = lock or nullcontext
+        self.guided = guided
         self.fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         try:
             self.latency_feed = batch_of(self.feeds, self.benchmark.batch_size)
         except ValueError as err:
             raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
-        for step in self.prepared.steps:
-            _logger.info("Prepared the model: %s", step)
         serialized = self.model.SerializeToString()  # once: large models take seconds
         self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
         self.model_sha256 = hashlib.sha256(serialized).hexdigest()
@@ -261,6 +263,10 @@ class QuantizationObjective:
             eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
         )
+
+    def retime(self, params: Mapping[str, Any]) -> LatencyResult:
+        """Time the configuration ``params`` against fp32 again, without evaluating it."""
+        return measure_latency(self._fp32_session, self._session(self.build(params)), self.latency_feed, self.benchmark)
 
     def baseline(self) -> float:
         """The fp32 accuracy: from ``metrics``, or measured once."""

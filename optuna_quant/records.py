@@ -2,7 +2,8 @@
 
 Study user attrs, written when the study is made or by its reference trial, then only read:
 the search space, the targets, the model's fingerprint, the node-to-module map of a torch model,
-the fp32 accuracy and latency, and the loss scaling of the reference. Trial user attrs: the
+the fp32 accuracy and latency, the loss scaling of the reference, and the per-layer sensitivity
+measured after it (:mod:`optuna_quant.guidance`). Trial user attrs: the
 measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
 reference flag, the trial a duplicate copied and the reason of a failure.
 
@@ -50,6 +51,8 @@ WORKER_KEY = "worker"
 MEASURING_KEY = "measuring"
 DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
+SENSITIVITY_KEY = "sensitivity"
+GUIDANCE_KEY = "guidance"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
@@ -147,6 +150,24 @@ def store_reference(study: optuna.Study, fp32_accuracy: float, fp32_latency_ms: 
     study.set_user_attr(FP32_ACCURACY_KEY, fp32_accuracy)
     study.set_user_attr(FP32_LATENCY_KEY, fp32_latency_ms)
     study.set_user_attr(SCALING_KEY, scaling.to_dict())
+
+
+def store_guidance(study: optuna.Study, sensitivity: Mapping[str, Mapping[str, Any]], guidance: Mapping[str, Any]) -> None:
+    """Store what the study measured once after its reference (:mod:`optuna_quant.guidance`).
+
+    ``sensitivity`` (per layer, with ``acc_cost`` and ``time_saved_ms``) is what the dashboard's
+    sensitivity chart and the probe read; ``guidance`` is the rest that the samplers' prior needs.
+    """
+    study.set_user_attr(SENSITIVITY_KEY, dict(sensitivity))
+    study.set_user_attr(GUIDANCE_KEY, dict(guidance))
+
+
+def stored_guidance(study: optuna.Study) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The sensitivity and guidance stored by :func:`store_guidance`, or ``None``."""
+    attrs = study.user_attrs
+    if SENSITIVITY_KEY not in attrs or GUIDANCE_KEY not in attrs:
+        return None
+    return attrs[SENSITIVITY_KEY], attrs[GUIDANCE_KEY]
 
 
 def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import replace
 import logging
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 from optuna_quant import records
+from optuna_quant.guidance import guide_study
 from optuna_quant.loss import LossScaling
 
 if TYPE_CHECKING:
@@ -94,8 +96,9 @@ def measure_reference(
                 measurement.latency.spread,
                 "contended" if measurement.latency.contended else "not contended",
             )
-            again = objective.measure(params)
-            measurement = min(measurement, again, key=lambda m: m.latency.spread)
+            again = objective.retime(params)
+            if again.spread < measurement.latency.spread:
+                measurement = replace(measurement, latency=again)
     except Exception as err:
         raise _error(err) from err
     scaling = LossScaling.from_reference(measurement.acc_loss, measurement.lat_diff, objective.targets)
@@ -118,6 +121,8 @@ def run_reference(objective: QuantizationObjective, trial: optuna.Trial) -> floa
         records.record_failure(trial, err)
         raise
     _adopt(objective, trial.study, measurement, scaling)
+    if objective.guided:
+        guide_study(objective, trial.study, measurement.acc_loss)
     loss = objective.loss(measurement)
     objective.record(trial, measurement, loss)
     return objective.values(measurement.acc_loss, measurement.lat_diff, loss)

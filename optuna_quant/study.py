@@ -284,6 +284,7 @@ def create_study(
     heartbeat_interval: int = HEARTBEAT_INTERVAL,
     grace_period: int = GRACE_PERIOD,
     pre_process: bool = True,
+    sensitivity: bool = True,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -325,6 +326,10 @@ def create_study(
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
             folding, graph optimization) before quantizing it; fp32 accuracy and latency are
             measured on the model as given (see :mod:`optuna_quant.prepare`).
+        sensitivity: After the reference trial, measure once what each choice and each layer
+            costs and store it with the study (the dashboard's sensitivity chart); it becomes the
+            prior of optuna-quant's samplers and queues a few start-up trials (see
+            :mod:`optuna_quant.guidance`).
 
     Returns:
         The :class:`QuantStudy`.
@@ -373,6 +378,7 @@ def create_study(
         objective_mode=objective_mode,
         lock=lock,
         pre_process=pre_process,
+        guided=sensitivity,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

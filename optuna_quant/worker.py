@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from optuna_quant import guidance
 from optuna_quant import records
 from optuna_quant._optuna_private import record_first_heartbeat
 from optuna_quant.objective import QuantizationObjective
@@ -113,6 +114,7 @@ class Worker:
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
         self.waiter = Waiter(study)
+        self.prior_set = False
 
     def run(self) -> None:
         """Run trials until the study needs no more from this worker.
@@ -133,6 +135,7 @@ class Worker:
                     decision, waiting_on = self._decide(trials)
                     if decision == _Next.RUN:
                         self.waiter.done()
+                        self._take_prior()
                         # Optuna asks for the trial under the lock; the objective releases it.
                         self._run_one(held.pop_all())
                         continue
@@ -140,6 +143,13 @@ class Worker:
                     self.waiter.done()
                     return
                 self.waiter.beat(waiting_on)
+
+    def _take_prior(self) -> None:
+        """Give the sampler the study's prior once the reference's worker has stored it."""
+        if self.prior_set or not self.objective.guided:
+            return
+        space, targets = self.objective.space, self.objective.targets
+        self.prior_set = guidance.set_prior(self.study.sampler, self.study, targets, space)
 
     def _decide(self, trials: list[FrozenTrial]) -> tuple[_Next, str]:
         if self.deadline is not None and time.monotonic() >= self.deadline:

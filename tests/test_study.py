@@ -54,7 +54,8 @@ def test_run_records_everything(make_study, caplog) -> None:
         m.startswith("Current iteration acc_loss: ") and m.endswith(" min") and "exec_time: " in m for m in messages
     )
     before = next(i for i, m in enumerate(messages) if m.startswith("Reference (default configuration): measuring"))
-    after = messages[before + 1]
+    # Between the two: the one-off calibration's own lines (and a re-timing, if the timing was noisy).
+    after = next(m for m in messages[before + 1 :] if m.startswith("Reference (default configuration) "))
     assert after.startswith("Reference (default configuration) acc_loss: ") and after.endswith(" s)"), after
 
 
@@ -89,7 +90,8 @@ def test_a_repeat_of_the_reference_is_no_second_reference(make_study) -> None:
 def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
     study = make_study(accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True)
     study.optimize(n_trials=20)
-    assert len(study.trials) == 2  # the reference, then the first optimised trial meets both
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 2  # the reference, then the first optimised trial meets both
     assert target_reached(study.trials, study.targets) == 1
     assert study.best_result.targets_met
 

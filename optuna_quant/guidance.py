@@ -1,0 +1,160 @@
+"""What a study measures once after its reference, and how it guides the search.
+
+The worker that measures the reference trial then measures, on the calibration data, what each
+choice of the space does to the model's outputs and what reverting each layer costs in time
+(:func:`optuna_quant.sensitivity.measure_space`), and stores it with the study. From it:
+
+- every worker gives its sampler a prior over the choices (``sampler.set_prior``, which both of
+  optuna-quant's samplers have; other samplers are left alone), through
+  :func:`optuna_quant.sensitivity.choice_scores`;
+- start-up trials are queued once: the lowest-error combination of the other scopes with every
+  layer int8, then with the layers reverted to fp32 one more at a time, in order of measured harm
+  per time saved (:func:`optuna_quant.sensitivity.revert_order`).
+
+The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
+
+Example:
+    >>> guidance = measure_guidance(objective, reference_acc_loss=0.02)   # doctest: +SKIP
+    >>> guidance.prior(Targets(accuracy_loss=1.0), space)["layer:conv1"]  # doctest: +SKIP
+    {'fp32': 0.91, 'int8': 0.09}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+import logging
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+import optuna
+
+from optuna_quant import records
+from optuna_quant.loss import Targets
+from optuna_quant.sensitivity import choice_scores
+from optuna_quant.sensitivity import LayerSensitivity
+from optuna_quant.sensitivity import lowest_error
+from optuna_quant.sensitivity import measure_space
+from optuna_quant.sensitivity import revert_order
+from optuna_quant.sensitivity import ScopeError
+from optuna_quant.space import LAYER_PREFIX
+from optuna_quant.space import SearchSpace
+
+if TYPE_CHECKING:
+    from optuna_quant.objective import QuantizationObjective
+
+_logger = logging.getLogger("optuna_quant")
+
+MAX_STARTUP_TRIALS = 4
+"""Start-up trials queued at most; fewer on a small budget (one per four trials of it)."""
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """The once-per-study measurement that guides the search.
+
+    Attributes:
+        layers: Each searchable layer's sensitivity, measured at the lowest-error combination.
+        scope_errors: The all-int8 output error of each combination of the other scopes, the
+            reference's first.
+        reference_acc_loss: The reference trial's ``acc_loss``, which the prior shares out over
+            the layers.
+    """
+
+    layers: dict[str, LayerSensitivity]
+    scope_errors: list[ScopeError]
+    reference_acc_loss: float
+
+    def prior(self, targets: Targets, space: SearchSpace) -> dict[str, dict[Any, float]]:
+        """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
+        scores = choice_scores(
+            self.layers,
+            acc_loss=self.reference_acc_loss,
+            accuracy_target=targets.acc_th,
+            scope_errors=self.scope_errors,
+        )
+        names = space.distributions()
+        return {name: by_choice for name, by_choice in scores.items() if name in names}
+
+    def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` configurations to try first: the lowest-error combination of the other
+        scopes, all int8, then with the most harmful layers reverted to fp32, one more each time.
+
+        Configurations equal to the space's default (the reference) are left out.
+        """
+        base = {**space.default_params(), **lowest_error(self.scope_errors)["params"]}
+        candidates = [base]
+        if "layer" in space.scopes:
+            reverted: dict[str, Any] = {}
+            for node in revert_order(self.layers)[: max(0, n - 1)]:
+                reverted[LAYER_PREFIX + node] = "fp32"
+                candidates.append({**base, **reverted})
+        default = space.default_params()
+        return [params for params in candidates if params != default][:n]
+
+    def to_records(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        """The study records: per-layer sensitivity (as the dashboard reads it) and the rest."""
+        layers = {
+            node: {**s.to_dict(), "acc_cost": s.acc_cost, "time_saved_ms": s.time_saved_ms}
+            for node, s in self.layers.items()
+        }
+        return layers, {"scope_errors": self.scope_errors, "reference_acc_loss": self.reference_acc_loss}
+
+    @classmethod
+    def from_records(cls, layers: Mapping[str, Mapping[str, Any]], rest: Mapping[str, Any]) -> Guidance:
+        """The guidance stored by :meth:`to_records`."""
+        return cls(
+            layers={node: LayerSensitivity.from_dict(data) for node, data in layers.items()},
+            scope_errors=list(rest["scope_errors"]),
+            reference_acc_loss=float(rest["reference_acc_loss"]),
+        )
+
+
+def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float) -> Guidance:
+    """Measure the guidance of ``objective``'s space on its prepared model and calibration data."""
+    _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
+    start = time.perf_counter()
+    scope_errors, layers = measure_space(
+        objective.prepared.prepared,
+        objective.quantizer,
+        objective.feeds,
+        objective.space,
+        settings=objective.benchmark,
+    )
+    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), time.perf_counter() - start)
+    return Guidance(layers, scope_errors, reference_acc_loss)
+
+
+def guide_study(objective: QuantizationObjective, study: optuna.Study, reference_acc_loss: float) -> None:
+    """Measure and store the guidance, and queue the start-up trials (the reference's worker)."""
+    guidance = measure_guidance(objective, reference_acc_loss)
+    with objective.lock():
+        if records.stored_guidance(study) is not None:
+            return  # a worker killed after storing it had its reference run again
+        records.store_guidance(study, *guidance.to_records())
+        budget = objective.max_trials
+        n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
+        for params in guidance.startup_params(objective.space, n):
+            study.enqueue_trial(params, skip_if_exists=True)
+
+
+def stored(study: optuna.Study) -> Guidance | None:
+    """The study's guidance, or ``None`` before it is measured (or in a study without it)."""
+    found = records.stored_guidance(study)
+    return None if found is None else Guidance.from_records(*found)
+
+
+def set_prior(sampler: optuna.samplers.BaseSampler, study: optuna.Study, targets: Targets, space: SearchSpace) -> bool:
+    """Give ``sampler`` the study's prior, where it takes one and the study has it.
+
+    Returns:
+        Whether the prior was set.
+    """
+    if not hasattr(sampler, "set_prior"):
+        return False
+    guidance = stored(study)
+    if guidance is None:
+        return False
+    sampler.set_prior(guidance.prior(targets, space))
+    return True
