@@ -111,11 +111,13 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "export": (_string, "a file path"),
     "objective_mode": (lambda v: v in OBJECTIVE_MODES, f"one of {', '.join(OBJECTIVE_MODES)}"),
     "artifact_dir": (_string, "a folder path"),
+    "pre_process": (lambda v: isinstance(v, bool), "true or false"),
+    "sensitivity": (lambda v: isinstance(v, bool), "true or false"),
 }
 # Keys passed to create_study unchanged when given.
 _STUDY_KEYS = (
     "accuracy_loss", "latency_reduce", "accuracy_weight", "latency_weight", "stop_on_target",
-    "sampler", "seed", "scopes", "nodes", "objective_mode", "artifact_dir",
+    "sampler", "seed", "scopes", "nodes", "objective_mode", "artifact_dir", "pre_process", "sensitivity",
 )
 DEFAULT_STUDY_NAME: str = inspect.signature(create_study).parameters["study_name"].default
 
