@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 import time
 
@@ -24,6 +25,8 @@ from optuna.trial import FrozenTrial
 
 from optuna_quant.figures import study_figures
 from optuna_quant.storage import open_storage
+
+_logger = logging.getLogger("optuna_quant")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -98,5 +101,8 @@ class DashboardFigures:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         start = time.perf_counter()
-        save_figures(study, self._stored)
+        try:
+            save_figures(study, self._stored)
+        except Exception as err:  # a chart is never worth a worker: the study goes on without it
+            _logger.warning("Could not store the dashboard's figures after trial %d: %r", trial.number, err)
         self.seconds.append(time.perf_counter() - start)

@@ -111,7 +111,7 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     acc = [t.user_attrs["acc_loss"] for t in points] + [targets.acc_th]
     # A few ruined configurations would squeeze the target region into a line: the chart stops at
     # five times the accuracy target (the reference, if higher), and says what it leaves out.
-    top = max(5 * targets.acc_th, *(t.user_attrs["acc_loss"] for t in points if t.user_attrs.get(REFERENCE_KEY)))
+    top = max([5 * targets.acc_th] + [t.user_attrs["acc_loss"] for t in points if t.user_attrs.get(REFERENCE_KEY)])
     hidden = sum(a > top for a in acc)
     acc = [a for a in acc if a <= top]
     x_pad, y_pad = 0.05 * (max(lat) - min(lat) or 1.0), 0.05 * (max(acc) - min(acc) or targets.acc_th or 0.01)

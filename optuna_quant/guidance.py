@@ -60,11 +60,13 @@ class Guidance:
             reference's first.
         reference_acc_loss: The reference trial's ``acc_loss``, which the prior shares out over
             the layers.
+        seconds: What measuring it took (a one-off cost of the study).
     """
 
     layers: dict[str, LayerSensitivity]
     scope_errors: list[ScopeError]
     reference_acc_loss: float
+    seconds: float = 0.0
 
     def prior(self, targets: Targets, space: SearchSpace) -> dict[str, dict[Any, float]]:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
@@ -99,7 +101,8 @@ class Guidance:
             node: {**s.to_dict(), "acc_cost": s.acc_cost, "time_saved_ms": s.time_saved_ms}
             for node, s in self.layers.items()
         }
-        return layers, {"scope_errors": self.scope_errors, "reference_acc_loss": self.reference_acc_loss}
+        rest = {"scope_errors": self.scope_errors, "reference_acc_loss": self.reference_acc_loss, "seconds": self.seconds}
+        return layers, rest
 
     @classmethod
     def from_records(cls, layers: Mapping[str, Mapping[str, Any]], rest: Mapping[str, Any]) -> Guidance:
@@ -108,6 +111,7 @@ class Guidance:
             layers={node: LayerSensitivity.from_dict(data) for node, data in layers.items()},
             scope_errors=list(rest["scope_errors"]),
             reference_acc_loss=float(rest["reference_acc_loss"]),
+            seconds=float(rest.get("seconds", 0.0)),
         )
 
 
@@ -122,8 +126,9 @@ def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float
         objective.space,
         settings=objective.benchmark,
     )
-    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), time.perf_counter() - start)
-    return Guidance(layers, scope_errors, reference_acc_loss)
+    seconds = time.perf_counter() - start
+    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
+    return Guidance(layers, scope_errors, reference_acc_loss, seconds)
 
 
 def guide_study(objective: QuantizationObjective, study: optuna.Study, reference_acc_loss: float) -> None:

@@ -31,7 +31,7 @@ from examples import demo
 from optuna_quant.dashboard import DashboardFigures
 from optuna_quant.dashboard import save_figures
 from optuna_quant.dashboard import study_url
-from optuna_quant.figures import SENSITIVITY_KEY
+from optuna_quant.records import SENSITIVITY_KEY
 from optuna_quant.loss import Targets
 from optuna_quant.objective import TARGETS_KEY
 from optuna_quant.results import best_trial
@@ -147,7 +147,7 @@ def test_api_serves_study_metric_names_and_user_attrs(tuned, dashboard) -> None:
 def test_the_run_stored_its_figures_for_the_dashboard(dashboard) -> None:
     root, study_id = dashboard.split("/dashboard/studies/")
     served = {g["id"]: json.loads(g["graph_object"]) for g in _get_json(f"{root}/api/studies/{study_id}")["plotly_graph_objects"]}
-    assert set(served) == FIGURE_IDS  # no sensitivity stored by this study
+    assert set(served) == FIGURE_IDS | {"layer-sensitivity"}  # the study measured its sensitivity
     tradeoff = served["acc_loss-lat_diff"]
     assert tradeoff["layout"]["title"]["text"].startswith("Accuracy loss against speed-up")
     assert tradeoff["layout"]["shapes"][0]["type"] == "rect"  # the target region
@@ -167,9 +167,9 @@ def test_figures_are_refreshed_after_every_trial(make_study) -> None:
 
     figures = DashboardFigures()
     study.optimize(n_trials=4, callbacks=[figures, count_points])
-    # The reference trial is recorded before the first callback; then one more point a trial.
-    assert counts == [2, 3, 4]
-    assert len(figures.seconds) == 3
+    # The reference is the first trial; then one more point a trial.
+    assert counts == [1, 2, 3, 4]
+    assert len(figures.seconds) == 4
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")
@@ -182,20 +182,13 @@ def test_chromium_renders_the_study_page(dashboard, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def demo_study(tmp_path_factory) -> str:
-    """The storage URL of a short `make demo` run, with a per-layer sensitivity stored in its study.
-
-    The sensitivity is written here, made up from the reference's layers, until the study stores
-    the one that ``optuna_quant.sensitivity`` measures.
-    """
+    """The storage URL of a short `make demo` run; its study measured and stored its per-layer sensitivity."""
     folder = tmp_path_factory.mktemp("demo")
     storage = f"sqlite:///{folder}/demo.db"
     demo.main(["--trials", "12", "--storage", storage, "--export", str(folder / "best.onnx"), "--no-progress"])
     study = optuna.load_study(study_name="mnist-cnn-int8", storage=storage)
-    layers = [name.removeprefix("layer:") for name in study.trials[0].params if name.startswith("layer:")]
-    study.set_user_attr(SENSITIVITY_KEY, {
-        name: {"acc_cost": 0.002 * (i + 1) ** 2, "time_saved_ms": 0.004 * (len(layers) - i)}
-        for i, name in enumerate(layers)
-    })
+    layers = {name.removeprefix("layer:") for name in study.trials[0].params if name.startswith("layer:")}
+    assert set(study.user_attrs[SENSITIVITY_KEY]) == layers
     assert set(save_figures(study)) == FIGURE_IDS | {"layer-sensitivity"}
     return storage
 

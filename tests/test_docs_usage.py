@@ -31,7 +31,7 @@ def test_dashboard_figures_callback_as_dashboard_md_shows(make_study) -> None:
     scope = {"study": study}
     exec(block, scope)
     assert len(study.trials) == 40
-    assert len(scope["figures"].seconds) == 39  # after every trial but the reference
+    assert len(scope["figures"].seconds) == 40  # after every trial, the reference's included
 
 
 def test_the_report_needs_no_matplotlib_and_plotly_is_a_dependency() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from optuna_quant.loss import Targets
 from optuna_quant.figures import running_best
-from optuna_quant.figures import SENSITIVITY_KEY
+from optuna_quant.records import SENSITIVITY_KEY
 from optuna_quant.report import render_report
 from optuna_quant.report import write_report
 from optuna_quant.results import best_trial
@@ -23,10 +23,10 @@ def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_m
     path = write_report(study.study, tmp_path / "out" / "report.html")
     text = path.read_text()
     # Plotly figures, plotly.js inlined once: nothing to fetch, it opens offline.
-    assert text.count("Plotly.newPlot(") == 3 and text.count("* plotly.js v") == 1
+    assert text.count("Plotly.newPlot(") == 4 and text.count("* plotly.js v") == 1
     markup = re.sub(r"<script[^>]*>.*?</script>", "<script></script>", text, flags=re.S)
     assert "<script></script>" in markup and not re.search(r'(src|href)="https?:', markup)
-    for figure_id in ("acc_loss-lat_diff", "pareto-front", "lat_diff-history"):
+    for figure_id in ("acc_loss-lat_diff", "pareto-front", "lat_diff-history", "layer-sensitivity"):
         assert f'id="{figure_id}"' in text
     assert "Accuracy loss against speed-up (green area: both targets met)" in text
     assert f"Best configuration (trial {best.number})" in text

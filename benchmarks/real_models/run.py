@@ -7,7 +7,8 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
 10, 20 and 40 trials. Methods:
 
 - ``tpe``, ``gp``: optuna-quant's samplers; ``tpe+prior``, ``gp+prior``: the same with the
-  per-layer sensitivity prior (:func:`attach_prior`); ``optuna_tpe``: Optuna's TPESampler;
+  per-layer sensitivity the study measures after its reference (``create_study(sensitivity=True)``:
+  the samplers' prior and start-up trials); ``optuna_tpe``: Optuna's TPESampler;
 - ``ort_default``, ``ort_preprocessed``, ``nncf``: the recipes that need no tuning
   (:mod:`benchmarks.real_models.baselines`).
 
@@ -66,36 +67,6 @@ TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe")
 METHODS = (*TUNING, *BASELINES)
 
 
-class PriorUnavailable(RuntimeError):
-    """The per-layer sensitivity prior cannot be measured with this optuna-quant."""
-
-
-def attach_prior(study: optuna_quant.QuantStudy, sampler: optuna.samplers.BaseSampler, feeds: list[dict]) -> float:
-    """Measure the study's per-layer sensitivity and hand it to ``sampler`` as its prior.
-
-    The one seam between this benchmark and :mod:`optuna_quant.sensitivity`: the layers' costs
-    from ``measure_sensitivity`` on the calibration ``feeds``, turned into per-choice scores by
-    ``choice_scores``, go to ``sampler.set_prior``.
-
-    Returns:
-        The seconds it took (a one-off cost of the study).
-
-    Raises:
-        PriorUnavailable: If optuna-quant has no sensitivity module or the sampler takes no prior.
-    """
-    try:
-        from optuna_quant.sensitivity import choice_scores, measure_sensitivity
-    except ImportError as err:
-        raise PriorUnavailable(f"optuna_quant.sensitivity cannot be imported ({err}).") from err
-    if not hasattr(sampler, "set_prior"):
-        raise PriorUnavailable(f"{type(sampler).__name__} takes no prior (no set_prior).")
-    objective = study.objective
-    start = time.perf_counter()
-    sensitivity = measure_sensitivity(objective.model, objective.quantizer, feeds, objective.space.nodes, settings=SETTINGS)
-    sampler.set_prior(choice_scores(sensitivity))
-    return time.perf_counter() - start
-
-
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -121,10 +92,13 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             stop_on_target=False,
             benchmark=asdict(SETTINGS),
             artifact_dir=folder,
+            # The study measures its sensitivity once after the reference: the prior and start-up trials.
+            sensitivity=method.endswith(PRIOR_SUFFIX),
         )
         record["setup_s"] = time.perf_counter() - start
-        record["prior_s"] = attach_prior(study, sampler, workload.feeds()) if method.endswith(PRIOR_SUFFIX) else None
         study.optimize(n_trials=trials)
+        guidance = study.user_attrs.get("guidance")
+        record["prior_s"] = None if guidance is None else guidance["seconds"]
         record["wall_s"] = time.perf_counter() - start
     record["trials"] = [
         {

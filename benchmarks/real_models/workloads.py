@@ -22,7 +22,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "mtcnn_rnet": partial(mtcnn, "RNet"),
     "silero_vad": silero_vad,
 }
-# The latency target of each study, set from the smoke runs (docs/_real_notes.md): a little above
+# The latency target of each study, set from the smoke runs (docs/real-models.md): a little above
 # the best baseline within 1 % (ddddocr 1.31, silero_vad 1.39), and "not slower than fp32" where
 # no baseline is faster (ppocr 0.70, the MTCNN networks 0.94).
 LATENCY_TARGETS = {"ddddocr": 1.5, "ppocr": 1.0, "mtcnn_onet": 1.0, "mtcnn_rnet": 1.0, "silero_vad": 1.6}
