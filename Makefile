@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test system-deps bench clean
+.PHONY: demo test system-deps bench transcripts clean
 
 $(STAMP): pyproject.toml benchmarks/real_models/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
+
+# What a user sees in a terminal for `make demo` and `optuna-quant probe` (docs/transcripts/).
+transcripts: $(STAMP)
+	$(BIN)/python docs/transcripts/record.py
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_trial_cost

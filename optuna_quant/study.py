@@ -310,8 +310,10 @@ def create_study(
             parameters that ``scopes`` and ``nodes`` give here.
         stop_on_target: Stop every worker once a trial meets both targets.
         scopes: The tuning scopes that vary: ``layer``, ``range_estimator``, ``granularity``,
-            ``mode``. Under ``fine_tune``, the scopes that vary around the previous best.
-        nodes: Restrict the ``layer`` scope to these node names.
+            ``mode`` (activation and weight symmetry, two parameters) and ``op_types`` (see
+            :mod:`optuna_quant.space`). Under ``fine_tune``, the scopes that vary around the
+            previous best.
+        nodes: Restrict the ``layer`` scope to these node names (of the prepared model).
         benchmark: Latency settings (:class:`BenchmarkSettings` or its fields as a dict).
         metrics: The fp32 accuracy, when known: skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.

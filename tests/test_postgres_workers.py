@@ -71,7 +71,8 @@ def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
 
 def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: str) -> None:
     assert postgres_url.startswith("postgresql://")  # as the docs show it: psycopg 3
-    workers = [_start(postgres_url, "three", 15, "--seed", str(seed)) for seed in range(3)]
+    # With the study's sensitivity: measured once, its start-up trials queued once for all three.
+    workers = [_start(postgres_url, "three", 15, "--seed", str(seed), "--sensitivity") for seed in range(3)]
     _finish(workers)
     trials = _trials(postgres_url, "three")
     assert len(trials) == 15
@@ -80,6 +81,7 @@ def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: 
     assert set(study.user_attrs[SCALING_KEY]) >= {"acc_scale", "lat_scale"}
     measured_by = {t.user_attrs.get(WORKER_KEY) for t in trials if "duplicate_of" not in t.user_attrs}
     assert len(measured_by) >= 2, "the workers did not share the study"
+    assert set(study.user_attrs["sensitivity"]) == {"conv1", "conv2", "fc"}
 
 
 def test_stop_on_target_stops_every_worker_within_one_trial(postgres_url: str) -> None:

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     # Entropy calibration takes seconds even on this model: leave the range estimator fixed.
     parser.add_argument("--scopes", default="layer,granularity,mode")
     parser.add_argument("--die-at", default=None, help="SIGKILL this process in that stage of a trial")
+    # Off unless asked: the kill points count stages, and the sensitivity measurement after the
+    # reference times and evaluates models too.
+    parser.add_argument("--sensitivity", action="store_true", help="measure the study's sensitivity (guidance)")
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         benchmark=FAST_BENCH,
         heartbeat_interval=interval,
         grace_period=grace,
+        sensitivity=args.sensitivity,
     )
     study.optimize(n_trials=args.n_trials)
     return 0
