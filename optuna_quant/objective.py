@@ -37,8 +37,10 @@ from optuna_quant.evaluate import EvalFn
 from optuna_quant.latency import BenchmarkSettings
 from optuna_quant.latency import LatencyResult
 from optuna_quant.latency import measure_latency
+from optuna_quant.loss import best_index
 from optuna_quant.loss import LossScaling
 from optuna_quant.loss import relative_accuracy_loss
+from optuna_quant.loss import Result
 from optuna_quant.loss import Targets
 from optuna_quant.loss import weighted_loss
 from optuna_quant.model_io import batch_of
@@ -49,7 +51,8 @@ from optuna_quant.prepare import prepare_model
 from optuna_quant.quantize import Quantizer
 from optuna_quant.reference import ensure_reference
 from optuna_quant.reference import run_reference
-from optuna_quant.results import best_trial
+from optuna_quant.results import recorded
+from optuna_quant.results import result_of
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
@@ -311,7 +314,7 @@ class QuantizationObjective:
                 previous.user_attrs["acc_loss"],
                 previous.user_attrs["lat_diff"],
             )
-            self._log_end(study, trial.number, total)
+            self._log_end(study, trial.number, total, result_of(previous))
             return list(previous.values) if self.objective_mode == "pareto" else float(previous.value)
         if self.stop_on_target:
             number = target_reached(study.get_trials(deepcopy=False), self.targets)
@@ -330,7 +333,7 @@ class QuantizationObjective:
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        self._log_end(study, trial.number, total)
+        self._log_end(study, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
         return self.values(measurement.acc_loss, measurement.lat_diff, loss)
 
     def _claim(self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]) -> FrozenTrial | None:
@@ -357,13 +360,10 @@ class QuantizationObjective:
                     return None
             waiter.beat(f"trial {measuring.number}, which measures the same configuration")
 
-    def _log_end(self, study: optuna.Study, number: int, total: object) -> None:
-        best = best_trial(study.get_trials(deepcopy=False), self.targets)
-        if best is not None:
-            _logger.info(
-                "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f",
-                number,
-                total,
-                best.user_attrs["acc_loss"],
-                best.user_attrs["lat_diff"],
-            )
+    def _log_end(self, study: optuna.Study, number: int, total: object, current: Result) -> None:
+        # The best so far counts this trial, which the storage records only once it returns.
+        results = [result_of(t) for t in recorded(study.get_trials(deepcopy=False))] + [current]
+        best = results[best_index(results, self.targets)]  # type: ignore[index]
+        _logger.info(
+            "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f", number, total, best.acc_loss, best.lat_diff
+        )
