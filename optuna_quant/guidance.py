@@ -85,14 +85,15 @@ class Guidance:
 
         Configurations equal to the space's default (the reference) are left out.
         """
-        base = {**space.default_params(), **lowest_error(self.scope_errors)["params"]}
+        default = space.default_params()
+        base = {**default, **lowest_error(self.scope_errors)["params"]}
         candidates = [base]
         if "layer" in space.scopes:
             reverted: dict[str, Any] = {}
-            for node in revert_order(self.layers)[: max(0, n - 1)]:
+            # All but one layer at most: every layer in fp32 is the fp32 model again.
+            for node in revert_order(self.layers)[: min(n, len(space.nodes) - 1)]:
                 reverted[LAYER_PREFIX + node] = "fp32"
                 candidates.append({**base, **reverted})
-        default = space.default_params()
         return [params for params in candidates if params != default][:n]
 
     def to_records(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -133,10 +134,12 @@ def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float
 
 def guide_study(objective: QuantizationObjective, study: optuna.Study, reference_acc_loss: float) -> None:
     """Measure and store the guidance, and queue the start-up trials (the reference's worker)."""
+    if records.stored_guidance(study) is not None:
+        return  # a worker killed after storing it had its reference run again: measured already
     guidance = measure_guidance(objective, reference_acc_loss)
     with objective.lock():
         if records.stored_guidance(study) is not None:
-            return  # a worker killed after storing it had its reference run again
+            return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
         budget = objective.max_trials
         n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
@@ -154,10 +157,11 @@ def set_prior(sampler: optuna.samplers.BaseSampler, study: optuna.Study, targets
     """Give ``sampler`` the study's prior, where it takes one and the study has it.
 
     Returns:
-        Whether the prior was set.
+        Whether this is settled: the prior was set, or the sampler takes none (Optuna's do not);
+        ``False`` while the study has no guidance yet, so that the caller asks again.
     """
     if not hasattr(sampler, "set_prior"):
-        return False
+        return True
     guidance = stored(study)
     if guidance is None:
         return False

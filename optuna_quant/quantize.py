@@ -125,9 +125,10 @@ def collect(calibrator: CalibraterBase, feeds: Sequence[Feed], method: str) -> N
 
 
 def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> None:
-    """Start ``calibrator``'s Entropy histograms over each tensor's whole range, from MinMax ``ranges``.
+    """Start ``calibrator``'s Entropy or Percentile histograms over each tensor's whole range, from
+    MinMax ``ranges``.
 
-    onnxruntime sizes an Entropy histogram (``num_bins`` over ``[-t, t]``, ``t`` the largest
+    onnxruntime sizes an Entropy (or non-symmetric Percentile) histogram (``num_bins`` over ``[-t, t]``, ``t`` the largest
     absolute value) on the first ``collect_data`` call and widens it with the same bin width on
     later ones. Fed one sample at a time, the first sample would set the resolution: the bins
     multiply (4,854 instead of 2,048 on the demo model, entropy 40 % slower) and the thresholds
@@ -215,8 +216,11 @@ class Quantizer:
         if range_estimator not in self._ranges:
             method, options = _family(range_estimator)
             percentile = _percentile(range_estimator)
-            start = time.perf_counter()
             calibrator = self._histogram if percentile is not None else None
+            minmax = None
+            if calibrator is None and method is not CalibrationMethod.MinMax:
+                minmax = self.ranges("minmax")  # histograms start over these; timed as MinMax's
+            start = time.perf_counter()
             if calibrator is None:
                 calibrator = create_calibrator(
                     self.model_path,
@@ -224,8 +228,8 @@ class Quantizer:
                     calibrate_method=method,
                     extra_options=options,
                 )
-                if method is CalibrationMethod.Entropy:
-                    seed_histograms(calibrator, self.ranges("minmax"))
+                if minmax is not None:
+                    seed_histograms(calibrator, minmax)
                 collect(calibrator, self._feeds, method.name)
             if percentile is not None:
                 self._histogram = calibrator

@@ -121,17 +121,6 @@ def node_modules(study: optuna.Study) -> dict[str, str]:
     return dict(study.user_attrs.get(MODULES_KEY, {}))
 
 
-def stored_targets(study: optuna.Study) -> Targets | None:
-    """The targets stored with ``study``, or ``None``."""
-    stored = study.user_attrs.get(TARGETS_KEY)
-    return None if stored is None else Targets(**stored)
-
-
-def stored_fp32_accuracy(study: optuna.Study) -> float | None:
-    """The fp32 accuracy that the reference measured (or ``metrics`` gave), or ``None``."""
-    return study.user_attrs.get(FP32_ACCURACY_KEY)
-
-
 def reference_scaling(study: optuna.Study) -> tuple[float, LossScaling] | None:
     """The fp32 accuracy and the loss scaling stored by the reference, or ``None`` before it."""
     attrs = study.user_attrs

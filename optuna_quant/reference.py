@@ -120,9 +120,14 @@ def run_reference(objective: QuantizationObjective, trial: optuna.Trial) -> floa
     except ReferenceMeasurementError as err:
         records.record_failure(trial, err)
         raise
-    _adopt(objective, trial.study, measurement, scaling)
     if objective.guided:
-        guide_study(objective, trial.study, measurement.acc_loss)
+        # Before the scaling is stored: the other workers wait for the reference until then, so
+        # they start with the prior, and a worker killed here has its reference trial run again.
+        try:
+            guide_study(objective, trial.study, measurement.acc_loss)
+        except Exception as err:  # the guidance helps the search; the study goes on without it
+            _logger.warning("%s: the sensitivity measurement failed, the search goes on unguided: %r", _WHAT, err)
+    _adopt(objective, trial.study, measurement, scaling)
     loss = objective.loss(measurement)
     objective.record(trial, measurement, loss)
     return objective.values(measurement.acc_loss, measurement.lat_diff, loss)

@@ -465,6 +465,8 @@ def measure_space(
 
     combinations = scope_combinations(space.distributions())
     errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    if "layer" not in space.scopes:
+        return errors, {}  # no layer is searched: their sensitivity would guide nothing
     sens = measure_sensitivity(
         fp32_model,
         quantizer,

@@ -145,7 +145,7 @@ class Worker:
                 self.waiter.beat(waiting_on)
 
     def _take_prior(self) -> None:
-        """Give the sampler the study's prior once the reference's worker has stored it."""
+        """Give the sampler the study's prior once the reference's worker has stored it (read until then)."""
         if self.prior_set or not self.objective.guided:
             return
         space, targets = self.objective.space, self.objective.targets

@@ -18,6 +18,7 @@ def _python_blocks(name: str) -> list[str]:
 def test_quieting_optuna_from_python_as_cli_md_shows() -> None:
     (block,) = _python_blocks("cli.md")
     verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # other test modules set WARNING at import
     try:
         exec(block, {})
         assert optuna.logging.get_verbosity() == optuna.logging.WARNING

@@ -65,7 +65,8 @@ def test_reference_near_fp32_speed_is_scaled_as_pots_no_speedup(l0: float, caplo
     assert s == LossScaling.from_reference(0.01, 1.0, Targets())
     assert s.lat_scale == pytest.approx(10 / (8 * math.log(2)))
     assert "within 10 % of fp32's speed" in caplog.text
-    assert pot_lat_scale(1.006) > 200  # what POT's formula gives the recognizer's reference
+    assert pot_lat_scale(1.006) > 200  # what POT's formula gives the recognizer's reference ...
+    assert LossScaling.from_reference(0.01, 1.006, Targets()).lat_scale < 2  # ... and the guard
 
 
 def test_guard_stops_a_hundredth_of_speedup_outweighing_accuracy() -> None:

@@ -67,7 +67,7 @@ def test_mtcnn_networks_load_the_shipped_weights_and_tell_drawn_faces() -> None:
 
     net = mtcnn_network("RNet")
     shipped = torch.load(shipped_file("facenet_pytorch", "data/rnet.pt"))
-    assert all(torch.equal(net.state_dict()[k], v) for k, v in shipped.items())
+    assert shipped and all(torch.equal(net.state_dict()[k], v) for k, v in shipped.items())
     workload = build("mtcnn_rnet", n_eval=32, n_calibration=2)
     assert workload.eval_fn(session(workload.onnx_model())) == 1.0, "fp32 agrees with itself"
     assert workload.info["fp32_accuracy_vs_drawn_labels"] >= 0.8, "RNet calls drawn faces faces"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-Feed = dict[str, np.ndarray]
+from optuna_quant.model_io import Feed
 
 
 def text_line(text: str, height: int, width: int, channels: int) -> np.ndarray:
