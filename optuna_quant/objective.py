@@ -306,7 +306,7 @@ class QuantizationObjective:
         params = self.space.suggest(trial)
         total = "?" if self.max_trials is None else self.max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number, total)
-        previous = self._claim(study, trial, params)
+        previous, seen = self._claim(study, trial, params)
         if previous is not None:
             records.copy_result(trial, previous)
             _logger.info(
@@ -314,10 +314,10 @@ class QuantizationObjective:
                 previous.user_attrs["acc_loss"],
                 previous.user_attrs["lat_diff"],
             )
-            self._log_end(study, trial.number, total, result_of(previous))
+            self._log_end(seen, trial.number, total)
             return list(previous.values) if self.objective_mode == "pareto" else float(previous.value)
         if self.stop_on_target:
-            number = target_reached(study.get_trials(deepcopy=False), self.targets)
+            number = target_reached(seen, self.targets)
             if number is not None:
                 raise optuna.TrialPruned(f"Trial {number} already met both targets.")
         try:
@@ -333,36 +333,44 @@ class QuantizationObjective:
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        self._log_end(study, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
+        self._log_end(seen, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
         return self.values(measurement.acc_loss, measurement.lat_diff, loss)
 
-    def _claim(self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]) -> FrozenTrial | None:
+    def _claim(
+        self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
+    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
         """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
 
         A configuration that another running trial claimed is waited for, so that no two workers
         measure it; if that trial's worker dies, the heartbeat fails it and this one measures.
+
+        Returns:
+            That trial or ``None``, and the complete and running trials read to decide: the
+            stop-on-target check and the trial's last log line reuse them.
         """
         waiter = Waiter(study)
         while True:
             with self.lock():
                 measuring = None
-                for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+                seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+                for other in seen:
                     if other.number == trial.number or other.params != params:
                         continue
                     if other.state == TrialState.COMPLETE and records.measured(other):
                         waiter.done()
-                        return other
+                        return other, seen
                     if other.state == TrialState.RUNNING and records.is_measuring(other):
                         measuring = other
                 if measuring is None:
                     records.claim(trial)
                     waiter.done()
-                    return None
+                    return None, seen
             waiter.beat(f"trial {measuring.number}, which measures the same configuration")
 
-    def _log_end(self, study: optuna.Study, number: int, total: object, current: Result) -> None:
-        # The best so far counts this trial, which the storage records only once it returns.
-        results = [result_of(t) for t in recorded(study.get_trials(deepcopy=False))] + [current]
+    def _log_end(self, seen: list[FrozenTrial], number: int, total: object, current: Result | None = None) -> None:
+        # ``seen`` was read before measuring: a trial another worker finished meanwhile is missing,
+        # which a log line can afford. This trial is not recorded there yet: it counts as ``current``.
+        results = [result_of(t) for t in recorded(seen)] + ([] if current is None else [current])
         best = results[best_index(results, self.targets)]  # type: ignore[index]
         _logger.info(
             "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f", number, total, best.acc_loss, best.lat_diff
