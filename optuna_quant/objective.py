@@ -56,6 +56,7 @@ from optuna_quant.results import result_of
 from optuna_quant.space import SCOPES
 from optuna_quant.space import SearchSpace
 from optuna_quant.stopping import target_reached
+from optuna_quant.storage import fail_stale_trials
 from optuna_quant.storage import StudyLock
 from optuna_quant.storage import Waiter
 
@@ -348,9 +349,10 @@ class QuantizationObjective:
             That trial or ``None``, and the complete and running trials read to decide: the
             stop-on-target check and the trial's last log line reuse them.
         """
-        waiter = Waiter(study)
+        waiter = Waiter()
         while True:
             with self.lock():
+                fail_stale_trials(study)  # a dead worker's claim ends with its trial
                 measuring = None
                 seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
                 for other in seen:

@@ -300,24 +300,23 @@ def _retry(max_retry: int) -> RetryHeartbeatStaleTrialCallback:
 class Waiter:
     """Waits on the trials of other workers, each wait bounded by Optuna's heartbeat.
 
-    Every beat fails the trials whose heartbeat stopped for the storage's grace period (and
-    queues them again), so a wait on a dead worker's trial ends after that grace period; on a
-    live worker's, when its trial ends. The total of a wait is logged when it ends.
+    The caller looks again under the study lock after every beat, failing the trials whose
+    heartbeat stopped for the storage's grace period first (:func:`fail_stale_trials`), so a wait
+    on a dead worker's trial ends after that grace period; on a live worker's, when its trial
+    ends. The total of a wait is logged when it ends.
 
     Args:
-        study: The study whose trials are waited on.
         poll_seconds: Seconds between two looks.
 
     Example:
-        >>> waiter = Waiter(optuna.create_study(), poll_seconds=0.01)
+        >>> waiter = Waiter(poll_seconds=0.01)
         >>> waiter.beat("trial 3")
         >>> waiter.waited > 0
         True
         >>> waiter.done()
     """
 
-    def __init__(self, study: optuna.Study, poll_seconds: float = POLL_SECONDS) -> None:
-        self.study = study
+    def __init__(self, poll_seconds: float = POLL_SECONDS) -> None:
         self.poll_seconds = poll_seconds
         self.what: str | None = None
         self.since = 0.0
@@ -328,12 +327,11 @@ class Waiter:
         return 0.0 if self.what is None else time.monotonic() - self.since
 
     def beat(self, what: str) -> None:
-        """Wait one poll for ``what``, then fail the trials of dead workers."""
+        """Wait one poll for ``what``."""
         if self.what is None:
             self.what, self.since = what, time.monotonic()
             _logger.info("Waiting for %s.", what)
         time.sleep(self.poll_seconds)
-        fail_stale_trials(self.study)
 
     def done(self) -> None:
         """End the wait under way, logging how long it took."""
@@ -343,6 +341,10 @@ class Waiter:
 
 
 def fail_stale_trials(study: optuna.Study) -> None:
-    """Fail (and queue again) the running trials whose worker stopped beating; see Optuna's."""
+    """Fail (and queue again) the running trials whose worker stopped beating; see Optuna's.
+
+    Call it under the study lock: between failing a trial and queueing its retry, a worker that
+    decided from the study's trials would see neither (it once queued a second reference).
+    """
     with optuna_warnings_off():
         optuna.storages.fail_stale_trials(study)

@@ -113,7 +113,7 @@ class Worker:
         self.stop_on_target = stop_on_target
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
-        self.waiter = Waiter(study)
+        self.waiter = Waiter()
         self.prior_set = False
 
     def run(self) -> None:

@@ -62,7 +62,7 @@ def _assert_complete_study(trials: list[FrozenTrial], n_trials: int) -> None:
     assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0, states
     assert counted_trials(trials) == n_trials
     # A killed reference trial stays FAIL beside the run that replaced it: one completed reference.
-    references = [(t.number, t.state.name, t.user_attrs, t.system_attrs) for t in trials if is_reference(t)]
+    references = [(t.number, t.state.name, t.user_attrs.get(WORKER_KEY), t.system_attrs.get("failed_trial")) for t in trials if is_reference(t)]
     assert sum(1 for t in trials if is_reference(t) and t.state == TrialState.COMPLETE) == 1, references
     measured = [
         tuple(sorted(t.params.items()))
