@@ -161,10 +161,12 @@ class Worker:
         waiting = [t for t in trials if t.state == TrialState.WAITING]
         if records.reference_scaling(self.study) is None:
             running = [t.number for t in trials if t.state == TrialState.RUNNING and records.is_reference(t)]
-            if waiting and records.is_reference(waiting[0]):
-                return _Next.RUN, ""
+            # A running reference first: a second queued one (a retry beside a fresh one) waits, and
+            # runs once the scaling is stored, as an ordinary copy of the first.
             if running:
                 return _Next.WAIT, f"the reference trial {running[0]}"
+            if waiting and records.is_reference(waiting[0]):
+                return _Next.RUN, ""
             if waiting:  # a trial the user queued: the objective measures the reference before it
                 return _Next.RUN, ""
             if room:
@@ -183,9 +185,9 @@ class Worker:
         reference_error: list[ReferenceMeasurementError] = []
 
         def objective(trial: optuna.Trial) -> Any:
+            asked.append(trial)  # first: a Ctrl-C from here on queues the trial again
             record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
             lock.close()
-            asked.append(trial)
             try:
                 return self.objective(trial)
             except ReferenceMeasurementError as err:
@@ -195,6 +197,7 @@ class Worker:
         try:
             self.study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=self.callbacks)
         except KeyboardInterrupt:
+            lock.close()  # when it came before the objective released it: the retry takes it again
             if asked:
                 self._requeue(asked[0].number)
             raise
@@ -205,10 +208,12 @@ class Worker:
 
     def _requeue(self, number: int) -> None:
         """Queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""
-        trial = self.study.get_trials(deepcopy=False)[number]
-        if trial.state == TrialState.FAIL:
-            with optuna_warnings_off():
-                RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)
+        # Under the lock, as the heartbeat's retries: no worker decides between the FAIL and the retry.
+        with self.lock():
+            trial = self.study.get_trials(deepcopy=False)[number]
+            if trial.state == TrialState.FAIL:
+                with optuna_warnings_off():
+                    RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)
             _logger.info("Trial %d was interrupted: queued again for the next worker.", number)
 
     def _show(self, trials: list[FrozenTrial]) -> None:
