@@ -29,10 +29,10 @@ Measured once per study, before the search:
 
 The other parameters move the all-int8 error by far more than the layers differ, so the layers are
 measured where quantizing loses least: :func:`measure_scope_errors` gives the all-int8 output
-error of every combination of the other parameters (no timing: cheap), and the layers are
-measured at the lowest. :func:`choice_scores` turns both into a prior for samplers (parameter ->
-choice -> score), and :func:`revert_order` into the order in which start-up trials put layers back
-to fp32.
+error of the combinations of the other parameters (every one, or a coordinate search when they
+are many; no timing), and the layers are measured at the lowest. :func:`choice_scores` turns both
+into a prior for samplers (parameter -> choice -> score), and :func:`revert_order` into the order
+in which start-up trials put layers back to fp32.
 
 Example:
     >>> combos = scope_combinations(space.distributions())                   # doctest: +SKIP
@@ -80,6 +80,11 @@ SCORE_RANGE = (0.1, 0.9)
 """The lowest and highest score of a choice of the other parameters: a prior, never a verdict."""
 LAYER_SCORE_RANGE = (0.05, 0.95)
 """The lowest and highest score of a layer's choice."""
+MATERIAL_BENEFIT = 0.05
+"""What a revert must buy (accuracy in targets, or speed as a share of the speed-up) to matter:
+one that buys half this has a third of the odds its gain and cost alone would give."""
+MAX_SCOPE_COMBINATIONS = 32
+"""Combinations of the other parameters that a study measures all; more get a coordinate search."""
 REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3)
 """The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
 
@@ -384,11 +389,15 @@ def measure_scope_errors(
     *,
     n_samples: int = 32,
     settings: BenchmarkSettings | None = None,
+    max_measured: int | None = None,
 ) -> list[ScopeError]:
-    """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
+    """The all-int8 output error (:func:`output_error`) of combinations of the other parameters.
 
     No timing: one quantized model and ``n_samples`` runs per combination (calibration is
-    ``quantizer``'s, once per range estimator).
+    ``quantizer``'s, once per range estimator). Every combination is measured, unless there are
+    more than ``max_measured``: then a coordinate search from the first (the reference) measures
+    each choice of one parameter at a time with the others at their best so far, in passes until
+    none changes (at most two): about ten combinations instead of the 120 of every scope.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -398,9 +407,10 @@ def measure_scope_errors(
         to_config: The all-int8 configuration of a combination.
         n_samples: Feeds on which the output error is measured.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
+        max_measured: The most combinations measured all; ``None``: every one, whatever their number.
 
     Returns:
-        ``{"params": combination, "error": float}`` per combination, in their order.
+        ``{"params": combination, "error": float}`` per measured combination, the reference's first.
 
     Raises:
         ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
@@ -412,20 +422,50 @@ def measure_scope_errors(
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
     reference = _outputs(fp32_model, samples, settings)
-    errors = [
-        {"params": dict(params), "error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
-        for params in combinations
-    ]
+    measured: dict[tuple[tuple[str, Any], ...], ScopeError] = {}
+
+    def measure(params: Mapping[str, Any]) -> ScopeError:
+        key = tuple(params.items())
+        if key not in measured:
+            error = output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))
+            measured[key] = {"params": dict(params), "error": error}
+        return measured[key]
+
+    if max_measured is None or len(combinations) <= max_measured:
+        for params in combinations:
+            measure(params)
+        how = "every one"
+    else:
+        _coordinate_search(combinations, measure)
+        how = f"a coordinate search of {len(combinations)}"
+    errors = list(measured.values())
     best = lowest_error(errors)
     _logger.info(
-        "Measured the all-int8 output error of %d combinations in %.1f s: reference %.3g, lowest %.3g at %s",
+        "Measured the all-int8 output error of %d combinations (%s) in %.1f s: reference %.3g, lowest %.3g at %s",
         len(errors),
+        how,
         time.perf_counter() - start,
         errors[0]["error"],
         best["error"],
         best["params"],
     )
     return errors
+
+
+def _coordinate_search(
+    combinations: Sequence[Mapping[str, Any]], measure: Callable[[Mapping[str, Any]], ScopeError]
+) -> None:
+    choices = {name: list(dict.fromkeys(c[name] for c in combinations)) for name in combinations[0]}
+    current = dict(combinations[0])
+    measure(current)
+    for _ in range(2):
+        changed = False
+        for name, values in choices.items():
+            best = min(values, key=lambda value: measure({**current, name: value})["error"])
+            changed |= best != current[name]
+            current[name] = best
+        if not changed:
+            return
 
 
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
@@ -447,8 +487,9 @@ def measure_space(
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
     then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
 
-    The scope errors cost one quantized model per combination (120 for every scope on a model
-    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    The scope errors cost one quantized model per combination measured (every one up to
+    :data:`MAX_SCOPE_COMBINATIONS`, else those of a coordinate search: about ten of the 120 of
+    every scope on a model with three ``op_types`` choices), the layers what
     :func:`measure_sensitivity` says.
 
     Returns:
@@ -464,7 +505,16 @@ def measure_space(
         return space.to_config({**space.default_params(), **params})
 
     combinations = scope_combinations(space.distributions())
-    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    errors = measure_scope_errors(
+        fp32_model,
+        quantizer,
+        feeds,
+        combinations,
+        to_config,
+        n_samples=n_samples,
+        settings=settings,
+        max_measured=MAX_SCOPE_COMBINATIONS,
+    )
     if "layer" not in space.scopes:
         return errors, {}  # no layer is searched: their sensitivity would guide nothing
     sens = measure_sensitivity(
@@ -516,14 +566,23 @@ def layer_scores(gain: float, cost: float) -> dict[str, float]:
     """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
 
     ``gain``: the accuracy loss it saves, in accuracy targets; ``cost``: the share of the
-    speed-up it loses. fp32 scores ``sigmoid(4 (gain - cost))`` within :data:`LAYER_SCORE_RANGE`,
-    int8 the rest: reverting is likely good when it buys more accuracy than it costs speed.
+    speed-up it loses (negative when the revert is faster). The odds of fp32 are
+    ``exp(4 (gain - cost))``, discounted by ``benefit / (benefit + MATERIAL_BENEFIT)`` where
+    ``benefit`` is what the revert buys (``gain``, plus the speed when it is faster); fp32 scores
+    those odds as a probability within :data:`LAYER_SCORE_RANGE`, int8 the rest. Reverting is
+    likely good when it buys more accuracy than it costs speed, and unlikely when it buys nothing:
+    on a model of many layers, each of which costs little speed, the layers that do not matter
+    stay int8 instead of being drawn half the time.
 
     Example:
         >>> layer_scores(0.5, 0.25)
-        {'fp32': 0.7311, 'int8': 0.2689}
+        {'fp32': 0.7119, 'int8': 0.2881}
+        >>> layer_scores(0.0, 0.02)   # buys nothing: int8
+        {'fp32': 0.05, 'int8': 0.95}
     """
-    fp32 = float(np.clip(1.0 / (1.0 + np.exp(-4.0 * (gain - cost))), *LAYER_SCORE_RANGE))
+    benefit = max(gain, 0.0) + max(-cost, 0.0)
+    odds = np.exp(4.0 * (gain - cost)) * benefit / (benefit + MATERIAL_BENEFIT)
+    fp32 = float(np.clip(odds / (1.0 + odds), *LAYER_SCORE_RANGE))
     return {"fp32": round(fp32, 4), "int8": round(1.0 - fp32, 4)}
 
 
@@ -564,7 +623,8 @@ def choice_scores(
       The all-int8 configuration's accuracy loss is shared out over the layers as their output
       error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
       summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units of
-      ``accuracy_target``; it costs its measured :attr:`~LayerSensitivity.revert_cost`.
+      ``accuracy_target`` (nothing when that loss, or the error it recovers, is negative); it
+      costs its measured :attr:`~LayerSensitivity.revert_cost`.
 
     Args:
         sens: The layers' sensitivity, with ``revert_cost`` measured, at the lowest-error
@@ -581,7 +641,7 @@ def choice_scores(
     Example:
         >>> sens = {"a": LayerSensitivity(0.03, 0.03, 0.1, 0.05, 0.05), "b": LayerSensitivity(0.01, 0.0, 0.1, 0.05, 0.3)}
         >>> choice_scores(sens, acc_loss=0.02, accuracy_target=0.01)
-        {'layer:a': {'fp32': 0.95, 'int8': 0.05}, 'layer:b': {'fp32': 0.2315, 'int8': 0.7685}}
+        {'layer:a': {'fp32': 0.95, 'int8': 0.05}, 'layer:b': {'fp32': 0.05, 'int8': 0.95}}
     """
     if not accuracy_target > 0:
         raise ValueError(f"accuracy_target must be a positive fraction, got {accuracy_target!r}.")
@@ -593,8 +653,11 @@ def choice_scores(
         scores.update(scope_scores(scope_errors))
         reference = scope_errors[0]["error"]
         acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
+    # A configuration that loses nothing leaves no accuracy to buy back; a revert that adds
+    # output error (noise) buys none either.
+    acc_loss = max(acc_loss, 0.0)
     total = sum(max(s.error_alone, 0.0) for s in sens.values())
     for node, s in sens.items():
-        gain = acc_loss * s.error_recovered / total / accuracy_target if total > 0 else 0.0
+        gain = acc_loss * max(s.error_recovered, 0.0) / total / accuracy_target if total > 0 else 0.0
         scores[LAYER_PREFIX + node] = layer_scores(gain, s.revert_cost)  # type: ignore[arg-type]
     return scores
