@@ -165,6 +165,19 @@ def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:
     assert sorted((r["seed"], r["wall_s"]) for r in stored["runs"]) == [(0, 2.0), (1, 3.0)]
     with pytest.raises(ValueError, match="trials 40, not 20"):
         run.load_report(path, {**header, "trials": 20})
+    # Runs made apart (another process wrote its own file) merge in, the later ones winning.
+    other = tmp_path / "other.json"
+    run.store(other, run.load_report(other, header), {"method": "tpe", "seed": 1, "wall_s": 4.0})
+    run.store(other, run.load_report(other, header), {"method": "gp", "seed": 0, "wall_s": 5.0})
+    run.merge(path, [other])
+    merged = json.loads(path.read_text())["runs"]
+    assert sorted((r["method"], r["seed"], r["wall_s"]) for r in merged) == [("gp", 0, 5.0), ("tpe", 0, 2.0), ("tpe", 1, 4.0)]
+    bad = tmp_path / "bad.json"
+    run.store(bad, run.load_report(bad, {**header, "latency_reduce": 1.5}), {"method": "gp", "seed": 1, "wall_s": 6.0})
+    with pytest.raises(ValueError, match="latency_reduce 1.5, not 1.2"):
+        run.merge(path, [bad])
+    with pytest.raises(SystemExit):  # the report to merge into must be named
+        run.parse_args(["--merge", str(other)])
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ Example:
     python -m benchmarks.real_models.run --model silero_vad --seeds 5 --trials 40 \\
         --out benchmarks/results/real_silero_vad.json
     python -m benchmarks.real_models.run --summary benchmarks/results/real_silero_vad.json
+    python -m benchmarks.real_models.run --out benchmarks/results/real_silero_vad.json \\
+        --merge /elsewhere/real_silero_vad.json
 """
 
 from __future__ import annotations
@@ -170,6 +172,20 @@ def store(path: Path, report: dict[str, Any], run: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=1, sort_keys=True))
 
 
+def merge(into: Path, sources: Sequence[Path]) -> dict[str, Any]:
+    """Merge the runs of ``sources`` into the report at ``into``: a later run of a method and seed
+    replaces an earlier one. For runs made apart (processes or worktrees that cannot share a file).
+
+    Raises:
+        ValueError: If a source was made with other settings than ``into``.
+    """
+    report = json.loads(into.read_text())
+    for source in sources:
+        for run in load_report(source, report)["runs"]:
+            store(into, report, run)
+    return report
+
+
 def within_target(trials: Sequence[dict[str, Any]], acc_th: float) -> list[dict[str, Any]]:
     """The completed trials whose ``acc_loss`` meets ``acc_th``."""
     return [t for t in trials if t["state"] == "COMPLETE" and t["acc_loss"] is not None and t["acc_loss"] <= acc_th]
@@ -315,8 +331,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibration-size", type=int, help="calibration samples (default: the workload's)")
     parser.add_argument("--out", type=Path, help="JSON file the runs are merged into")
     parser.add_argument("--summary", type=Path, metavar="JSON", help="print the tables of a stored report and exit")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", metavar="JSON", help="merge these reports' runs into --out (later ones win) and exit"
+    )
     args = parser.parse_args(argv)
-    if args.summary is None:
+    if args.merge is not None and args.out is None:
+        parser.error("--merge needs --out, the report the runs are merged into.")
+    if args.summary is None and args.merge is None:
         if args.model is None or args.out is None:
             parser.error("--model and --out are required (or --summary JSON).")
         unknown = set(args.methods.split(",")) - set(METHODS)
@@ -330,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.summary is not None:
         report = json.loads(args.summary.read_text())
+        print(format_summary(report))
+        return report
+    if args.merge is not None:
+        report = merge(args.out, args.merge)
         print(format_summary(report))
         return report
     sizes = {k: v for k, v in (("n_eval", args.eval_size), ("n_calibration", args.calibration_size)) if v is not None}
