@@ -59,6 +59,7 @@ from examples.tiny_cnn import fp32_agreement
 from optuna_quant import cli
 from optuna_quant.config import ConfigError
 from optuna_quant.config import parse_config
+from optuna_quant.testing.shipped import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")))
@@ -282,6 +283,14 @@ def _serving(command: str, cwd: Path) -> Iterator[Path]:
         server.wait(timeout=30)
 
 
+def _assert_int8_classifier(path: Path, inputs: np.ndarray) -> None:
+    """``path`` is a Q/DQ model that onnxruntime runs, giving 10 logits per input."""
+    model = onnx.load(str(path))
+    assert "DequantizeLinear" in {node.op_type for node in model.graph.node}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {session.get_inputs()[0].name: inputs})[0].shape == (len(inputs), 10)
+
+
 def _studies() -> list[dict]:
     with urlopen(f"{DASHBOARD}/api/studies", timeout=30) as response:
         return json.load(response)["study_summaries"]
@@ -308,7 +317,7 @@ def test_make_demo_tunes_exports_and_prints_a_dashboard_command_that_serves_the_
     # "ends with the best configuration, the exported int8 model and the command that opens the run"
     assert "Best configuration:" in done.stdout
     assert f"Exported the int8 model to {folder.resolve() / 'demo-out' / 'mnist_cnn.int8.onnx'}" in done.stdout
-    onnx.checker.check_model(str(folder / "demo-out" / "mnist_cnn.int8.onnx"))
+    _assert_int8_classifier(folder / "demo-out" / "mnist_cnn.int8.onnx", load_mnist().x_test[:4])
     assert f"`{DEMO_DASHBOARD}`" in (ROOT / "README.md").read_text()
     assert f"  {DEMO_DASHBOARD}\n" in done.stdout
     with _serving(DEMO_DASHBOARD, folder):
@@ -347,7 +356,7 @@ def test_tune_on_the_demo_config_runs_its_40_trials_and_exports(working_copy, de
     study = optuna.load_study(study_name="mnist-cnn-int8", storage=f"sqlite:///{working_copy}/demo.db")
     assert len(study.trials) == 40  # max_trials of the config, in the database beside examples/
     assert re.search(r"^Best trial \d+: acc_loss: ", demo_tuned.stdout, re.M)
-    onnx.checker.check_model(str(working_copy / "demo-out" / "mnist_cnn.int8.onnx"))  # the config's export
+    _assert_int8_classifier(working_copy / "demo-out" / "mnist_cnn.int8.onnx", load_mnist().x_test[:4])  # `export`
     assert demo_tuned.stdout.rstrip().endswith("Watch the study: optuna-quant dashboard examples/demo_config.yaml")
 
 
@@ -366,11 +375,7 @@ def test_best_rebuilds_the_stored_best_model_and_exports_it(working_copy, demo_t
     assert done.returncode == 0, done.stderr
     tuned_best = re.search(r"^Best trial \d+: .*$", demo_tuned.stdout, re.M).group(0)
     assert done.stdout.startswith(tuned_best + "\n")  # the same best trial as tune printed
-    model = onnx.load(str(working_copy / "demo-out" / "best.int8.onnx"))
-    assert "DequantizeLinear" in {node.op_type for node in model.graph.node}
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    digits = load_mnist().x_test[:4]
-    assert session.run(None, {session.get_inputs()[0].name: digits})[0].shape == (4, 10)
+    _assert_int8_classifier(working_copy / "demo-out" / "best.int8.onnx", load_mnist().x_test[:4])
 
 
 @pytest.mark.slow
@@ -568,13 +573,14 @@ def test_readme_python_block_runs_on_a_model_file_named_as_it_names_it(tmp_path,
     assert re.fullmatch(r"Best trial \d+: acc_loss: -?\d\.\d{4} lat_diff: \d+\.\d{4} \(targets met\)\n", printed)
     study = optuna.load_study(study_name="resnet-int8", storage="sqlite:///optuna_quant.db")  # the default
     assert scope["study"].study.study_name == study.study_name and len(study.trials) < 200
-    onnx.checker.check_model("resnet.int8.onnx")
+    _assert_int8_classifier(tmp_path / "resnet.int8.onnx", np.stack([c[0] for c in scope["calib"][:4]]))
 
 
 @pytest.mark.slow
 def test_models_md_prepares_the_shipped_classifier_and_prints_the_steps_it_shows(tmp_path, monkeypatch, capsys):
     block = _the("docs/models.md", MODELS_PYTHON).text
-    pytest.importorskip("rapidocr_onnxruntime", reason="the shipped models are installed by make (requirements.txt)")
+    if SHIPPED["rapidocr_cls"].path() is None:
+        pytest.skip("rapidocr-onnxruntime is not installed (make installs benchmarks/real_models/requirements.txt)")
     monkeypatch.chdir(tmp_path)  # quant_pre_process writes a scratch model into the current folder
     scope: dict = {}
     exec(block, scope)
@@ -622,7 +628,8 @@ def test_make_bench_runs_the_two_commands_benchmarks_md_shows_beside_it() -> Non
         for item in shown("docs/benchmarks.md")
         if re.fullmatch(r"\.venv/bin/python -m benchmarks\.bench_(trial_cost|latency)( .*)?", item.text)
     ]
-    assert len(documented) == 2 and _make_dry_run("bench") == documented
+    assert len(documented) == 2, documented
+    assert _make_dry_run("bench") == documented
 
 
 def test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions() -> None:
@@ -638,17 +645,19 @@ def test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_ver
             pass  # not installed here: the tests of the shipped models skip
 
 
-def _benchmark_items() -> list[Shown]:
-    return [item for file in BENCHMARK_DOCUMENTS for item in shown(file) if item.text != MAKE_BENCH]
+def _parsed_only() -> list[Shown]:
+    """What the benchmark documents show (``make bench`` aside), and the QAT recipe's command."""
+    benchmarks = [item for file in BENCHMARK_DOCUMENTS for item in shown(file) if item.text != MAKE_BENCH]
+    return benchmarks + [item for item in shown("docs/qat.md") if item.text == QAT_RECIPE]
 
 
-def _written_by(items: list[Shown], before: Shown) -> set[Path]:
-    """The files that commands of ``before``'s block write before it runs."""
+def _written_before(command: Shown) -> set[Path]:
+    """The files that the commands of ``command``'s block before it write."""
     written = set()
-    for item in items:
-        if item == before:
+    for item in shown(command.file):
+        if item == command:
             break
-        if item.kind == "command" and item.line == before.line and item.file == before.file:
+        if item.kind == "command" and item.line == command.line:
             for argv in argvs(item.text):
                 written |= {ROOT / value for option, value in zip(argv, argv[1:]) if option in OUTPUT_OPTIONS}
     return written
@@ -669,7 +678,7 @@ def _checked_names(module_name: str, args) -> None:
         assert args.model in WORKLOADS
 
 
-@pytest.mark.parametrize("item", [*_benchmark_items(), _the("docs/qat.md", QAT_RECIPE)], ids=str)
+@pytest.mark.parametrize("item", _parsed_only(), ids=str)
 def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> None:
     """Benchmarks of minutes to hours: each command line through its module's ``parse_args``;
     input files, entry points and names checked; the ``python -c`` summary runs as written."""
@@ -699,7 +708,7 @@ def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> 
                 assert (ROOT / value).parent.is_dir() or Path(value).parent.is_dir(), f"{value}: no such folder"
             elif "/" in value:
                 path = ROOT / value
-                assert path.exists() or path in _written_by(list(shown(item.file)), item), f"{value}: no such file"
+                assert path.exists() or path in _written_before(item), f"{value}: no such file"
 
 
 # ---- every command and block is claimed ----------------------------------------------------------
