@@ -42,9 +42,10 @@ test: $(STAMP) system-deps
 transcripts: $(STAMP)
 	$(BIN)/python docs/transcripts/record.py
 
+# The trial-cost and latency benchmarks, as docs/benchmarks.md shows them.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_trial_cost
-	$(BIN)/python -m benchmarks.bench_latency
+	$(BIN)/python -m benchmarks.bench_trial_cost --configs 8 --seed 0
+	$(BIN)/python -m benchmarks.bench_latency --repeats 10 --json benchmarks/results/latency_contention.json
 
 clean:
 	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock

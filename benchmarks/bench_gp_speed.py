@@ -99,15 +99,20 @@ def summary(name: str, times: dict[str, np.ndarray]) -> dict[str, float]:
     return row
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
-    """Run both samplers and print a table; returns the rows."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-constraints", action="store_true", help="an unconstrained objective")
     parser.add_argument("--skip-optuna-gp", action="store_true", help="time DiscreteGPSampler only")
     parser.add_argument("--out", help="write the rows as JSON here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
+    """Run both samplers and print a table; returns the rows."""
+    args = parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     constraints = not args.no_constraints

@@ -24,6 +24,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from contextlib import contextmanager
 import dataclasses
 import json
@@ -90,13 +91,18 @@ def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values)
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--load", nargs="+", choices=LOADS, default=list(LOADS))
     parser.add_argument("--json", type=Path, help="write the measurements to this file")
     parser.add_argument("--compete", choices=("worker", "burn"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.compete:
         compete(args.compete)
         return

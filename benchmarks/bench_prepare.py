@@ -15,6 +15,7 @@ Results go to ``benchmarks/results/prepare.json`` (one entry per model, merged w
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import json
 import logging
 from pathlib import Path
@@ -151,11 +152,16 @@ def bench(name: str, memory_counts: tuple[int, ...]) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help=f"names from {sorted(SHIPPED)} or 'demo'")
     parser.add_argument("--memory-counts", type=int, nargs="+", default=[4, 32])
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name in args.models:

@@ -24,6 +24,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import itertools
 import json
 import logging
@@ -45,12 +46,17 @@ from optuna_quant.sensitivity import output_error  # noqa: E402
 from optuna_quant.space import LAYER_PREFIX  # noqa: E402
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=32, help="fallback sets to measure, at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the measurements to this file")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     objective = demo_objective()

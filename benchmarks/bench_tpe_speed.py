@@ -85,12 +85,17 @@ def run(trials: int, seed: int, multivariate: bool) -> tuple[np.ndarray, np.ndar
     return 1000.0 * wall, 1000.0 * cpu
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Print the sampler's milliseconds per trial: over the study, and over its last 20 trials."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="studies per mode, seeds 0, 1, ...")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the sampler's milliseconds per trial: over the study, and over its last 20 trials."""
+    args = parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print(f"{N_BINARY} binary + {N_FIVE_WAY} 5-way categorical parameters, {args.trials} trials")
     for multivariate in (True, False):

@@ -13,6 +13,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import contextlib
 import io
 import json
@@ -62,12 +63,17 @@ def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> N
         )
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.getLogger("root").setLevel(logging.ERROR)
 
     objective = demo_objective()

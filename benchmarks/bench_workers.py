@@ -21,6 +21,7 @@ Without ``--storage`` a throwaway PostgreSQL server is started from Debian's bin
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from contextlib import ExitStack
 import logging
 import os
@@ -103,12 +104,17 @@ def run(storage: str, workers: int, n_trials: int, label: str) -> tuple[float, f
     return (*trials_per_minute(storage, name), cpu / n_trials)
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=30, help="trials per study (default 30)")
     parser.add_argument("--storage", help="a PostgreSQL URL; default: a throwaway local server")
     parser.add_argument("--worker", nargs=4, metavar=("URL", "STUDY", "N", "SEED"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.worker:
         url, study_name, n, seed = args.worker
         work(url, study_name, int(n), int(seed))

@@ -265,8 +265,8 @@ def retarget(name: str) -> Table:
     return dataclasses.replace(Table.load(TABLES_DIR / f"{name}.json"), targets=SPECS[name].targets)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Build the chosen tables."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
     parser.add_argument("--retarget", action="store_true", help="only rewrite the targets of existing tables")
@@ -280,7 +280,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="only measure the sensitivity of the models (with_sensitivity) and add it to existing tables",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build the chosen tables."""
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the sensitivity's summary line
     for name in args.tables:
         start = time.perf_counter()

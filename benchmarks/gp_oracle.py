@@ -119,8 +119,8 @@ def run_one(task: tuple[str, str, int, int]) -> tuple[int, list[float] | None]:
     return trials_to_target(trace, table, budget), gaps
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run both variants on every table and seed, print a Markdown table, return the results."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20, help="studies per variant and table")
     parser.add_argument("--seed-offset", type=int, default=0, help="first seed")
@@ -128,7 +128,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tables", nargs="+", help="table names (file stems); default: all")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, help="JSON results file (default: none)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run both variants on every table and seed, print a Markdown table, return the results."""
+    args = parse_args(argv)
     paths = [str(p) for p in table_paths(args.tables)]
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [(p, v, s, args.budget) for p in paths for v in VARIANTS for s in seeds]

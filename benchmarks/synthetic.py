@@ -20,6 +20,7 @@ lowest ``acc_loss`` of the four calibrations that tie on it). Run
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.table import TABLES_DIR, Table, configurations
@@ -109,9 +110,14 @@ def synthetic_table() -> Table:
     )
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (none; ``--help`` says what the command does)."""
+    return argparse.ArgumentParser(description=f"Rewrite {TABLES_DIR.name}/synthetic_interactions.json.").parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     """Write the synthetic table and print its shape."""
-    argparse.ArgumentParser(description=f"Rewrite {TABLES_DIR.name}/synthetic_interactions.json.").parse_args()
+    parse_args(argv)
     table = synthetic_table()
     TABLES_DIR.mkdir(parents=True, exist_ok=True)
     table.save(TABLES_DIR / f"{table.name}.json")

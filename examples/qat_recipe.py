@@ -24,6 +24,7 @@ Run (about 4 minutes on two busy cores with the weights cached, more the first t
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import copy
 import logging
 import math
@@ -130,13 +131,18 @@ def row(name: str, m: Measurement, study: oq.QuantStudy) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20, help="PTQ trials (default 20)")
     parser.add_argument("--epochs", type=int, default=2, help="QAT epochs (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--export", default="demo-out/mnist_cnn.qat.onnx")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # torch 2.13's ONNX exporter warns on every export that torchvision is absent, and about its

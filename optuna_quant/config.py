@@ -309,7 +309,28 @@ def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise _error(path, "config file does not exist.")
-    text = path.read_text(encoding="utf-8")
+    return parse_config(path.read_text(encoding="utf-8"), path)
+
+
+def parse_config(text: str, path: str | Path) -> RunConfig:
+    """Check the text of a config file named ``path`` as :func:`load_config` does; the file need
+    not exist and nothing is read or written.
+
+    ``path`` names the file in messages, chooses JSON (``.json``) or YAML, and is the folder that
+    relative paths resolve against. Files the config names are checked later, when they are used.
+
+    Raises:
+        ConfigError: For text that is not a mapping, an unknown key or a value of the wrong type.
+
+    Example:
+        >>> parse_config("{max_trials: 40, sampler: gp}", "tune.yaml").get("max_trials")
+        40
+        >>> parse_config("max_trial: 40", "tune.yaml")
+        Traceback (most recent call last):
+        ...
+        optuna_quant.config.ConfigError: tune.yaml: unknown key 'max_trial'; did you mean 'max_trials'?
+    """
+    path = Path(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

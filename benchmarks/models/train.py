@@ -154,11 +154,16 @@ def build(spec: ModelSpec, data: MnistSplit, seed: int = 0) -> dict[str, object]
     return info
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Build the chosen models."""
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build the chosen models."""
+    args = parse_args(argv)
     torch.set_num_threads(1)
     data = load_mnist()
     for name in args.models:
