@@ -103,6 +103,9 @@ def qdq_model(model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig) 
         {"ActivationSymmetric": config.activation_symmetric, "WeightSymmetric": config.weight_symmetric},
     )
     quantizer.quantize_model()
+    # quantize_static sorts when it saves the file; in memory the Q/DQ nodes sit after their
+    # consumers, which onnxruntime runs but onnx.checker (and tools that check) refuse.
+    quantizer.model.topological_sort()
     return quantizer.model.model
 
 

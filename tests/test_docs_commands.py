@@ -283,8 +283,9 @@ def _serving(command: str, cwd: Path) -> Iterator[Path]:
 
 
 def _assert_int8_classifier(path: Path, inputs: np.ndarray) -> None:
-    """``path`` is a Q/DQ model that onnxruntime runs, giving 10 logits per input."""
+    """``path`` is a Q/DQ model that the ONNX checker accepts and onnxruntime runs, giving 10 logits per input."""
     model = onnx.load(str(path))
+    onnx.checker.check_model(model)
     assert "DequantizeLinear" in {node.op_type for node in model.graph.node}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert session.run(None, {session.get_inputs()[0].name: inputs})[0].shape == (len(inputs), 10)

@@ -160,6 +160,12 @@ def test_op_types_decide_which_tensors_get_qdq(quantizer) -> None:
     assert quantized["all"] == quantized["compute"] | {"gap"}
 
 
+def test_int8_models_pass_the_onnx_checker(quantizer) -> None:
+    # What tune, best and export write: tools that validate ONNX refuse an unsorted graph.
+    for config in (QuantConfig(), QuantConfig(op_types="all", fallback=frozenset({"conv2"}))):
+        onnx.checker.check_model(quantizer.quantize(config), full_check=True)
+
+
 def test_fallback_node_stays_fp32(quantizer, calib) -> None:
     int8 = quantizer.quantize(QuantConfig(fallback=frozenset({"fc"})))
     # fc keeps a float weight: no DequantizeLinear feeds its weight input.
