@@ -586,16 +586,30 @@ def layer_scores(gain: float, cost: float) -> dict[str, float]:
     return {"fp32": round(fp32, 4), "int8": round(1.0 - fp32, 4)}
 
 
-def scope_scores(scope_errors: Sequence[ScopeError]) -> dict[str, dict[Any, float]]:
-    """Scores of the choices of the other parameters: ``lowest error / the choice's best error``.
+def scope_scores(
+    scope_errors: Sequence[ScopeError], *, acc_loss: float | None = None, accuracy_target: float | None = None
+) -> dict[str, dict[Any, float]]:
+    """Scores of the choices of the other parameters, from the lowest all-int8 error of any
+    combination with each choice, within :data:`SCORE_RANGE`.
 
-    Each choice scores the lowest all-int8 error of any combination with it, relative to the
-    lowest of all, within :data:`SCORE_RANGE`: the choices that quantize with the least error
-    lead; one ten times worse is unlikely.
+    A choice scores ``lowest error / its error``: the choices that quantize with the least error
+    lead; one ten times worse is unlikely. When the reference (the first entry) meets the
+    ``accuracy_target`` with its ``acc_loss`` (fractions), a choice scores ``target / its predicted
+    loss`` instead, the loss predicted as ``acc_loss`` times its error over the reference's, and
+    the highest where that meets the target: error then matters only where it would miss the
+    target, and the choices are left to the speed (on a model whose all-int8 loss is negative,
+    every choice ties). Where the reference misses the target the lowest error leads: predicted
+    that way, the sampler tables' few feasible choices tied with many infeasible ones
+    (docs/benchmarks.md).
 
     Example:
-        >>> scope_scores([{"params": {"g": "c"}, "error": 0.01}, {"params": {"g": "t"}, "error": 0.04}])
+        >>> errors = [{"params": {"g": "c"}, "error": 0.01}, {"params": {"g": "t"}, "error": 0.04}]
+        >>> scope_scores(errors)
         {'g': {'c': 0.9, 't': 0.25}}
+        >>> scope_scores(errors, acc_loss=0.002, accuracy_target=0.01)  # t's 0.008: within it too
+        {'g': {'c': 0.9, 't': 0.9}}
+        >>> scope_scores(errors, acc_loss=0.004, accuracy_target=0.01)  # t's 0.016 misses it
+        {'g': {'c': 0.9, 't': 0.625}}
     """
     best: dict[str, dict[Any, float]] = {}
     for entry in scope_errors:
@@ -603,8 +617,16 @@ def scope_scores(scope_errors: Sequence[ScopeError]) -> dict[str, dict[Any, floa
             by_choice = best.setdefault(name, {})
             by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
     lowest = lowest_error(scope_errors)["error"]
+    reference = scope_errors[0]["error"]
+
+    def score(error: float) -> float:
+        if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
+            return lowest / error if error > 0 else 1.0
+        predicted = max(acc_loss, 0.0) * error / reference
+        return accuracy_target / predicted if predicted > accuracy_target else 1.0
+
     return {
-        name: {choice: round(float(np.clip(lowest / error if error > 0 else 1.0, *SCORE_RANGE)), 4) for choice, error in by_choice.items()}
+        name: {choice: round(float(np.clip(score(error), *SCORE_RANGE)), 4) for choice, error in by_choice.items()}
         for name, by_choice in best.items()
     }
 
@@ -618,7 +640,8 @@ def choice_scores(
 ) -> dict[str, dict[Any, float]]:
     """A prior for samplers, ``{parameter: {choice: score in (0, 1)}}``, from the measurements.
 
-    - The other parameters (those of ``scope_errors``, named as there): :func:`scope_scores`.
+    - The other parameters (those of ``scope_errors``, named as there): :func:`scope_scores`
+      with ``acc_loss`` and ``accuracy_target``.
     - Each layer (``"layer:<node>"``): :func:`layer_scores` of what reverting it buys and costs.
       The all-int8 configuration's accuracy loss is shared out over the layers as their output
       error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
@@ -650,7 +673,7 @@ def choice_scores(
         raise ValueError(f"Layers {unmeasured} have no revert_cost; measure them with revert_timing set.")
     scores: dict[str, dict[Any, float]] = {}
     if scope_errors:
-        scores.update(scope_scores(scope_errors))
+        scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))
         reference = scope_errors[0]["error"]
         acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
     # A configuration that loses nothing leaves no accuracy to buy back; a revert that adds

@@ -166,6 +166,9 @@ def test_choice_scores_follow_gain_and_cost() -> None:
     lower = choice_scores(sens, acc_loss=0.02, accuracy_target=0.01, scope_errors=errors)
     assert 0.5 < lower["layer:a"]["fp32"] < scores["layer:a"]["fp32"]
     assert lower["g"] == {"x": 0.1, "y": 0.9}
+    # int8 loses nothing at the reference: neither a revert nor a lower-error choice buys anything.
+    spare = choice_scores(sens, acc_loss=-0.03, accuracy_target=0.01, scope_errors=errors)
+    assert spare["g"] == {"x": 0.9, "y": 0.9} and spare["layer:a"]["fp32"] == spare["layer:b"]["fp32"] == 0.05
     with pytest.raises(ValueError, match=r"Layers \['a'\] have no revert_cost"):
         choice_scores({"a": LayerSensitivity(0.2, 0.15, 0.1, 0.2)}, acc_loss=0.02, accuracy_target=0.01)
     with pytest.raises(ValueError, match="accuracy_target must be a positive fraction, got 0"):
