@@ -29,10 +29,10 @@ Measured once per study, before the search:
 
 The other parameters move the all-int8 error by far more than the layers differ, so the layers are
 measured where quantizing loses least: :func:`measure_scope_errors` gives the all-int8 output
-error of the combinations of the other parameters (every one, or a coordinate search when they
-are many; no timing), and the layers are measured at the lowest. :func:`choice_scores` turns both
-into a prior for samplers (parameter -> choice -> score), and :func:`revert_order` into the order
-in which start-up trials put layers back to fp32.
+error of every combination of the other parameters (no timing: cheap), and the layers are
+measured at the lowest. :func:`choice_scores` turns both into a prior for samplers (parameter ->
+choice -> score), and :func:`revert_order` into the order in which start-up trials put layers back
+to fp32.
 
 Example:
     >>> combos = scope_combinations(space.distributions())                   # doctest: +SKIP
@@ -83,8 +83,6 @@ LAYER_SCORE_RANGE = (0.05, 0.95)
 MATERIAL_BENEFIT = 0.05
 """What a revert must buy (accuracy in targets, or speed as a share of the speed-up) to matter:
 one that buys half this has a third of the odds its gain and cost alone would give."""
-MAX_SCOPE_COMBINATIONS = 32
-"""Combinations of the other parameters that a study measures all; more get a coordinate search."""
 REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3)
 """The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
 
@@ -389,15 +387,11 @@ def measure_scope_errors(
     *,
     n_samples: int = 32,
     settings: BenchmarkSettings | None = None,
-    max_measured: int | None = None,
 ) -> list[ScopeError]:
-    """The all-int8 output error (:func:`output_error`) of combinations of the other parameters.
+    """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
     No timing: one quantized model and ``n_samples`` runs per combination (calibration is
-    ``quantizer``'s, once per range estimator). Every combination is measured, unless there are
-    more than ``max_measured``: then a coordinate search from the first (the reference) measures
-    each choice of one parameter at a time with the others at their best so far, in passes until
-    none changes (at most two): about ten combinations instead of the 120 of every scope.
+    ``quantizer``'s, once per range estimator).
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -407,10 +401,9 @@ def measure_scope_errors(
         to_config: The all-int8 configuration of a combination.
         n_samples: Feeds on which the output error is measured.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
-        max_measured: The most combinations measured all; ``None``: every one, whatever their number.
 
     Returns:
-        ``{"params": combination, "error": float}`` per measured combination, the reference's first.
+        ``{"params": combination, "error": float}`` per combination, in their order.
 
     Raises:
         ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
@@ -422,50 +415,20 @@ def measure_scope_errors(
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
     reference = _outputs(fp32_model, samples, settings)
-    measured: dict[tuple[tuple[str, Any], ...], ScopeError] = {}
-
-    def measure(params: Mapping[str, Any]) -> ScopeError:
-        key = tuple(params.items())
-        if key not in measured:
-            error = output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))
-            measured[key] = {"params": dict(params), "error": error}
-        return measured[key]
-
-    if max_measured is None or len(combinations) <= max_measured:
-        for params in combinations:
-            measure(params)
-        how = "every one"
-    else:
-        _coordinate_search(combinations, measure)
-        how = f"a coordinate search of {len(combinations)}"
-    errors = list(measured.values())
+    errors = [
+        {"params": dict(params), "error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
+        for params in combinations
+    ]
     best = lowest_error(errors)
     _logger.info(
-        "Measured the all-int8 output error of %d combinations (%s) in %.1f s: reference %.3g, lowest %.3g at %s",
+        "Measured the all-int8 output error of %d combinations in %.1f s: reference %.3g, lowest %.3g at %s",
         len(errors),
-        how,
         time.perf_counter() - start,
         errors[0]["error"],
         best["error"],
         best["params"],
     )
     return errors
-
-
-def _coordinate_search(
-    combinations: Sequence[Mapping[str, Any]], measure: Callable[[Mapping[str, Any]], ScopeError]
-) -> None:
-    choices = {name: list(dict.fromkeys(c[name] for c in combinations)) for name in combinations[0]}
-    current = dict(combinations[0])
-    measure(current)
-    for _ in range(2):
-        changed = False
-        for name, values in choices.items():
-            best = min(values, key=lambda value: measure({**current, name: value})["error"])
-            changed |= best != current[name]
-            current[name] = best
-        if not changed:
-            return
 
 
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
@@ -487,9 +450,8 @@ def measure_space(
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
     then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
 
-    The scope errors cost one quantized model per combination measured (every one up to
-    :data:`MAX_SCOPE_COMBINATIONS`, else those of a coordinate search: about ten of the 120 of
-    every scope on a model with three ``op_types`` choices), the layers what
+    The scope errors cost one quantized model per combination (120 for every scope on a model
+    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
     :func:`measure_sensitivity` says.
 
     Returns:
@@ -505,16 +467,7 @@ def measure_space(
         return space.to_config({**space.default_params(), **params})
 
     combinations = scope_combinations(space.distributions())
-    errors = measure_scope_errors(
-        fp32_model,
-        quantizer,
-        feeds,
-        combinations,
-        to_config,
-        n_samples=n_samples,
-        settings=settings,
-        max_measured=MAX_SCOPE_COMBINATIONS,
-    )
+    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
     if "layer" not in space.scopes:
         return errors, {}  # no layer is searched: their sensitivity would guide nothing
     sens = measure_sensitivity(

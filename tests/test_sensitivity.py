@@ -217,27 +217,3 @@ def test_demo_model_ranks_its_rescaled_layers_first() -> None:
     assert order.index("/6/Conv") < order.index("/2/Conv")
     assert all(s.revert_cost is not None for s in sens.values())
 
-
-def test_many_combinations_get_a_coordinate_search(cnn, rescaled_scope_errors) -> None:
-    model = rescale_conv1_outputs(cnn)
-    feeds = to_feeds(calibration_data(model), model)
-    space = SearchSpace.from_model(model)
-    combinations = scope_combinations(space.distributions())
-    searched = measure_scope_errors(
-        model,
-        Quantizer(model, feeds),
-        feeds,
-        combinations,
-        lambda p: space.to_config({**space.default_params(), **p}),
-        max_measured=32,
-    )
-    # One pass measures 1 + 4 + 1 + 1 + 1 + (op_types - 1) combinations, a second at most as many.
-    one_pass = 1 + sum(len(d.choices) - 1 for n, d in space.distributions().items() if not n.startswith("layer:"))
-    assert one_pass <= len(searched) <= 2 * one_pass < len(combinations) == len(rescaled_scope_errors)
-    assert searched[0]["params"] == combinations[0]
-    every = {tuple(e["params"].items()): e["error"] for e in rescaled_scope_errors}
-    for entry in searched:  # the same measurements as the full grid's, on fewer combinations
-        assert entry["error"] == pytest.approx(every[tuple(entry["params"].items())], rel=1e-6)
-    # It finds what the grid finds: per-channel weights for conv1's rescaled channels.
-    assert lowest_error(searched)["params"]["granularity"] == "per_channel"
-    assert lowest_error(searched)["error"] <= 1.5 * lowest_error(rescaled_scope_errors)["error"]
