@@ -69,6 +69,11 @@ SPACE_KEY = records.SPACE_KEY
 TARGETS_KEY = records.TARGETS_KEY
 WORKER_KEY = records.WORKER_KEY
 OBJECTIVE_MODES = ("loss", "pareto")
+NOISY_SPREAD = 0.05
+"""A timing whose ``lat_diff`` spread (interquartile range over median) is above this, or that saw
+contention, is timed again."""
+RETIMES = 2
+"""How many times a noisy timing is repeated at most; the least noisy is kept."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,7 @@ class QuantizationObjective:
         built = time.perf_counter()
         accuracy = self._evaluate(int8, "int8")
         evaluated = time.perf_counter()
-        latency = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+        latency = self._timed(int8)
         return Measurement(
             accuracy=accuracy,
             acc_loss=relative_accuracy_loss(fp32_accuracy, accuracy),
@@ -268,9 +273,28 @@ class QuantizationObjective:
             latency_seconds=time.perf_counter() - evaluated,
         )
 
-    def retime(self, params: Mapping[str, Any]) -> LatencyResult:
-        """Time the configuration ``params`` against fp32 again, without evaluating it."""
-        return measure_latency(self._fp32_session, self._session(self.build(params)), self.latency_feed, self.benchmark)
+    def _timed(self, int8: ort.InferenceSession) -> LatencyResult:
+        """The paired timing of ``int8`` against fp32; a noisy one is timed again, the least noisy kept.
+
+        A timing is noisy when it saw contention or its spread is above :data:`NOISY_SPREAD`: on a
+        machine oversubscribed three times over, one configuration of a 51-layer recognizer read
+        ``lat_diff`` 1.82 (spread 0.12) where it reads 1.37 (spread 0.004) alone, and such a
+        phantom speed-up would become the study's best.
+        """
+        latency = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+        for _ in range(RETIMES):
+            if not (latency.contended or latency.spread > NOISY_SPREAD):
+                break
+            _logger.info(
+                "Timing noisy (lat_diff %.4f, spread %.3f%s): timing again.",
+                latency.lat_diff,
+                latency.spread,
+                ", contended" if latency.contended else "",
+            )
+            again = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+            if again.spread < latency.spread:
+                latency = again
+        return latency
 
     def baseline(self) -> float:
         """The fp32 accuracy: from ``metrics``, or measured once."""

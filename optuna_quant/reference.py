@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import replace
 import logging
 import time
 from typing import Any
@@ -33,17 +32,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_quant")
 _WHAT = "Reference (default configuration)"
-
-
-NOISY_SPREAD = 0.05
-"""A reference whose ``lat_diff`` spread (interquartile range over median) is above this, or whose
-timing saw contention, is measured again."""
-RETIMES = 2
-"""How many times a noisy reference is measured again; the least noisy measurement is kept."""
-
-
-def _noisy(measurement: Measurement) -> bool:
-    return measurement.latency.contended or measurement.latency.spread > NOISY_SPREAD
 
 
 class ReferenceMeasurementError(ValueError, RuntimeError):
@@ -85,20 +73,7 @@ def measure_reference(
     start = time.perf_counter()
     try:
         objective.baseline()
-        measurement = objective.measure(params)
-        for _ in range(RETIMES):
-            if not _noisy(measurement):
-                break
-            # The reference scales every trial's loss: a noisy timing would skew the whole study.
-            _logger.info(
-                "%s: timing noisy (spread %.3f, %s): measuring again.",
-                _WHAT,
-                measurement.latency.spread,
-                "contended" if measurement.latency.contended else "not contended",
-            )
-            again = objective.retime(params)
-            if again.spread < measurement.latency.spread:
-                measurement = replace(measurement, latency=again)
+        measurement = objective.measure(params)  # a noisy timing is repeated, as for every trial
     except Exception as err:
         raise _error(err) from err
     scaling = LossScaling.from_reference(measurement.acc_loss, measurement.lat_diff, objective.targets)

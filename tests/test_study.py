@@ -16,6 +16,7 @@ from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 from optuna_quant.objective import FP32_ACCURACY_KEY
+from optuna_quant.objective import RETIMES
 from optuna_quant.objective import SCALING_KEY
 from optuna_quant.records import WORKER
 from optuna_quant.records import WORKER_KEY
@@ -253,3 +254,15 @@ def test_progress_bar_shows_trial_k_of_n_the_best_and_the_time_left(make_study, 
     last = [line for line in bar if "3/3" in line][-1]
     assert f"acc_loss={best.acc_loss:.4f}" in last and f"lat_diff={best.lat_diff:.4f}" in last
     assert "time left=" in last and " min" in last
+
+
+def test_a_noisy_timing_is_timed_again(cnn_path, calib, agreement, fast_bench, caplog) -> None:
+    # A contention threshold of a billionth flags every block and no block is re-timed: every
+    # timing is noisy, so each measurement is timed RETIMES times more, and says so.
+    always_noisy = dataclasses.replace(fast_bench, contention=1e-9, retimes=0)
+    objective = oq.QuantizationObjective(cnn_path, calib, agreement, benchmark=always_noisy)
+    with caplog.at_level(logging.INFO, logger="optuna_quant"):
+        measured = objective.measure(objective.space.default_params())
+    noisy = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Timing noisy")]
+    assert len(noisy) == RETIMES and all("contended" in line for line in noisy)
+    assert measured.latency.contended and measured.lat_diff > 0
