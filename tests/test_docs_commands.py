@@ -209,7 +209,12 @@ def _run(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
 
 def _env() -> dict[str, str]:
     # An activated venv: a bare `optuna-quant` is the one of the interpreter running the tests.
-    return subprocess_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = subprocess_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    # A person's shell, not the `make test` that runs the suite: a make started inside another
+    # prints "Entering directory" lines around its commands.
+    for name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"):
+        env.pop(name, None)
+    return env
 
 
 # ---- a working copy to run commands in ----------------------------------------------------------
@@ -251,7 +256,12 @@ def working_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _make_dry_run(target: str) -> list[str]:
     """The commands ``make TARGET`` runs, the install step taken as done (``make -n``)."""
     done = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed-stamp", target], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "-n", "-o", ".venv/.installed-stamp", target],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.splitlines()
 
