@@ -282,14 +282,16 @@ class QuantizationObjective:
         phantom speed-up would become the study's best.
         """
         latency = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
-        for _ in range(RETIMES):
+        for attempt in range(1, RETIMES + 1):
             if not (latency.contended or latency.spread > NOISY_SPREAD):
                 break
             _logger.info(
-                "Timing noisy (lat_diff %.4f, spread %.3f%s): timing again.",
+                "Timing noisy (lat_diff %.4f, spread %.3f%s): timing again (%d / %d).",
                 latency.lat_diff,
                 latency.spread,
                 ", contended" if latency.contended else "",
+                attempt,
+                RETIMES,
             )
             again = measure_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
             if again.spread < latency.spread:

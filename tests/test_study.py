@@ -265,4 +265,5 @@ def test_a_noisy_timing_is_timed_again(cnn_path, calib, agreement, fast_bench, c
         measured = objective.measure(objective.space.default_params())
     noisy = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Timing noisy")]
     assert len(noisy) == RETIMES and all("contended" in line for line in noisy)
+    assert [line.rsplit("(", 1)[1] for line in noisy] == [f"{k} / {RETIMES})." for k in range(1, RETIMES + 1)]
     assert measured.latency.contended and measured.lat_diff > 0
