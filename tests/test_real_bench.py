@@ -149,9 +149,30 @@ def test_summary_reads_budgets_targets_and_the_issues_bar() -> None:
     assert a["bar"]["seeds_at_95pct"] == 2 and b["bar"]["seeds_at_95pct"] == 0
     assert a["bar"]["beats_baselines"] == 2  # 2.0 > ort_default's 1.5
     assert summary["errors"] == {"c/0": "ValueError: no model"}
+    assert summary["best_any_by_config"] == 2.1 and a["bar"]["seeds_at_95pct_by_config"] == 2  # no params: as read
     text = run.format_summary(_report())
     assert "| a | 2 | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 6 [6, 6]" in text
     assert "c/0 failed: ValueError" in text
+
+
+def test_the_bar_by_configuration_judges_a_configuration_by_the_median_of_its_readings() -> None:
+    # Seed 0 of "b" read its configuration y once at 2.1, a lucky outlier: seeds 1 and 2 read it
+    # 1.9 and 1.9. As read, "a"'s 2.0 after 20 trials is 0.95 of 2.1; by configuration it is the best.
+    report = _report()
+    def with_params(lat: list[float], configs: list[str]) -> list[dict]:
+        return [{**_trial(i, 0.0, v, 1.0), "params": {"c": c}} for i, (v, c) in enumerate(zip(lat, configs))]
+    report["runs"] = [
+        {**report["runs"][0], "trials": with_params([1.0, 2.0], ["x", "z"])},
+        {**report["runs"][2], "trials": with_params([1.0, 2.1], ["x", "y"])},
+        {**report["runs"][2], "seed": 1, "trials": with_params([1.9, 1.9], ["y", "y"])},
+    ]
+    report["trials"] = 2
+    summary = run.summarise(report)
+    assert summary["best_any"] == 2.1 and summary["best_any_by_config"] == 2.0
+    assert summary["methods"]["a"]["bar"]["ratio_at_20"]["median"] == pytest.approx(2.0 / 2.1)
+    assert summary["methods"]["a"]["bar"]["ratio_at_20_by_config"]["median"] == 1.0
+    assert summary["methods"]["b"]["bar"]["ratio_at_20_by_config"]["median"] == pytest.approx(1.9 / 2.0)
+    assert "by configuration (each the median of all its readings): 2.00" in run.format_summary(report)
 
 
 def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:

@@ -227,27 +227,75 @@ def _stats(values: Sequence[float | None]) -> dict[str, Any]:
     return {"median": median_missing_worst(values), "q25": quartiles[0], "q75": quartiles[1], "n": len(present)}
 
 
+def config_medians(runs: Sequence[dict[str, Any]]) -> dict[tuple, float]:
+    """Each measured configuration's ``lat_diff``: the median of all its measurements in ``runs``.
+
+    The best of hundreds of noisy readings is an outlier (on silero_vad the top reading, 1.87, is
+    of a configuration whose nine readings have median 1.81): judged by it, every method's best of
+    20 readings falls short. A configuration's median over every study that measured it is what a
+    user who picks it gets.
+
+    Example:
+        >>> run = {"trials": [{"state": "COMPLETE", "params": {"x": 1}, "lat_diff": v} for v in (1.8, 1.9, 2.3)]}
+        >>> config_medians([run])
+        {(('x', 1),): 1.9}
+    """
+    readings: dict[tuple, list[float]] = {}
+    for run in runs:
+        for trial in run.get("trials", []):
+            if trial["state"] == "COMPLETE" and "params" in trial:
+                readings.setdefault(tuple(sorted(trial["params"].items())), []).append(trial["lat_diff"])
+    return {config: float(np.median(values)) for config, values in readings.items()}
+
+
+def by_config(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` with each trial's ``lat_diff`` replaced by its configuration's median (:func:`config_medians`)."""
+    medians = config_medians(runs)
+
+    def settle(trial: dict[str, Any]) -> dict[str, Any]:
+        if trial["state"] != "COMPLETE" or "params" not in trial:
+            return trial
+        return {**trial, "lat_diff": medians[tuple(sorted(trial["params"].items()))]}
+
+    return [{**run, "trials": [settle(t) for t in run["trials"]]} if "trials" in run else run for run in runs]
+
+
+def best_any(runs: Sequence[dict[str, Any]], acc_th: float) -> float | None:
+    """The best ``lat_diff`` within ``acc_th`` that any study trial or baseline in ``runs`` reached."""
+    found = [t["lat_diff"] for r in runs if "trials" in r for t in within_target(r["trials"], acc_th)]
+    found += [r["lat_diff"] for r in runs if "trials" not in r and r["acc_loss"] <= acc_th]
+    return max(found) if found else None
+
+
+def bar_ratios(seeds: Sequence[dict[str, Any]], best: float | None, acc_th: float) -> list[float | None]:
+    """Per seed, the best within ``acc_th`` after :data:`BAR_TRIALS` trials over ``best``."""
+    at_bar = [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
+    return [None if v is None or best is None else v / best for v in at_bar]
+
+
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
-    """Per method, the figures of the docs' tables; and the issue's bar for each tuning method."""
+    """Per method, the figures of the docs' tables; and the issue's bar for each tuning method.
+
+    The bar is judged twice: on the readings as measured, and by configuration (:func:`by_config`).
+    """
     acc_th, lat_th, budget = report["accuracy_loss"] / 100, report["latency_reduce"], report["trials"]
     runs = [r for r in report["runs"] if "error" not in r]
     errors = {f"{r['method']}/{r['seed']}": r["error"] for r in report["runs"] if "error" in r}
+    settled = by_config(runs)
+    best, best_settled = best_any(runs, acc_th), best_any(settled, acc_th)
     methods: dict[str, Any] = {}
-    found = [t["lat_diff"] for r in runs if "trials" in r for t in within_target(r["trials"], acc_th)]
-    baselines = {}
-    for run in runs:
-        if "trials" in run:
-            continue
-        baselines[run["method"]] = {k: run[k] for k in ("acc_loss", "lat_diff", "spread", "wall_s", "peak_rss_mb", "int8_layers", "fp32_layers")}
-        if run["acc_loss"] <= acc_th:
-            found.append(run["lat_diff"])
-    best_any = max(found) if found else None
+    baselines = {
+        run["method"]: {k: run[k] for k in ("acc_loss", "lat_diff", "spread", "wall_s", "peak_rss_mb", "int8_layers", "fp32_layers")}
+        for run in runs
+        if "trials" not in run
+    }
     meeting = [b["lat_diff"] for b in baselines.values() if b["acc_loss"] <= acc_th]
     for method in dict.fromkeys(r["method"] for r in runs if "trials" in r):
         seeds = [r for r in runs if r["method"] == method]
         hits = [first_hit(r["trials"], acc_th, lat_th) for r in seeds]
         at_bar = [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
-        ratios = [None if v is None or best_any is None else v / best_any for v in at_bar]
+        ratios = bar_ratios(seeds, best, acc_th)
+        ratios_settled = bar_ratios([r for r in settled if r["method"] == method], best_settled, acc_th)
         methods[method] = {
             "seeds": len(seeds),
             "best_lat_diff": {n: _stats([best_within(r["trials"], acc_th, n) for r in seeds]) for n in checkpoints(budget)},
@@ -261,10 +309,12 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
             "bar": {
                 "ratio_at_20": _stats(ratios),
                 "seeds_at_95pct": sum(x is not None and x >= BAR_FRACTION for x in ratios),
+                "ratio_at_20_by_config": _stats(ratios_settled),
+                "seeds_at_95pct_by_config": sum(x is not None and x >= BAR_FRACTION for x in ratios_settled),
                 "beats_baselines": None if not meeting else sum(v is not None and v > max(meeting) for v in at_bar),
             },
         }
-    return {"best_any": best_any, "methods": methods, "baselines": baselines, "errors": errors}
+    return {"best_any": best, "best_any_by_config": best_settled, "methods": methods, "baselines": baselines, "errors": errors}
 
 
 def _fmt(stats: dict[str, Any], digits: int = 2) -> str:
@@ -289,13 +339,15 @@ def format_summary(report: dict[str, Any]) -> str:
         f"lat_diff >= {report['latency_reduce']}; {report['trials']} trials.",
         "",
         "| method | seeds | " + " | ".join(f"best lat_diff @{n}" for n in counts)
-        + " | trials to target | s to target | @20 / best any | peak MB | reference s | calibration s | prior s |",
-        "|---" * (9 + len(counts)) + "|",
+        + " | trials to target | s to target | @20 / best any | same, by config | peak MB | reference s | calibration s"
+        " | prior s |",
+        "|---" * (10 + len(counts)) + "|",
     ]
     for method, m in summary["methods"].items():
         cells = [method, str(m["seeds"])]
         cells += [_fmt(m["best_lat_diff"][n]) for n in counts]
         cells += [_fmt(m["trials_to_target"], 0), _fmt(m["seconds_to_target"], 0), _fmt(m["bar"]["ratio_at_20"])]
+        cells += [_fmt(m["bar"]["ratio_at_20_by_config"])]
         cells += [_fmt(m["peak_rss_mb"], 0), _fmt(m["reference_s"], 1), _fmt(m["calibration_s"], 1), _fmt(m["prior_s"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| baseline | acc_loss % | lat_diff (spread) | int8 / fp32 layers | wall s | peak MB |", "|---|---|---|---|---|---|"]
@@ -304,14 +356,19 @@ def format_summary(report: dict[str, Any]) -> str:
             f"| {name} | {100 * b['acc_loss']:.2f} | {b['lat_diff']:.2f} ({b['spread']:.2f}) | "
             f"{b['int8_layers']} / {b['fp32_layers']} | {b['wall_s']:.1f} | {b['peak_rss_mb']:.0f} |"
         )
-    best = summary["best_any"]
-    lines += ["", f"Best lat_diff within the accuracy target, any method, any budget: {'-' if best is None else f'{best:.2f}'}."]
+    best, settled = (summary[k] for k in ("best_any", "best_any_by_config"))
+    lines += [
+        "",
+        f"Best lat_diff within the accuracy target, any method, any budget: {'-' if best is None else f'{best:.2f}'}; "
+        f"by configuration (each the median of all its readings): {'-' if settled is None else f'{settled:.2f}'}.",
+    ]
     for method, m in summary["methods"].items():
         beats = m["bar"]["beats_baselines"]
         seeds = m["seeds"]
         lines.append(
             f"- {method}: best within target after {BAR_TRIALS} trials >= {BAR_FRACTION:.0%} of that in "
-            f"{m['bar']['seeds_at_95pct']}/{seeds} seeds; beats every baseline that meets the target in "
+            f"{m['bar']['seeds_at_95pct']}/{seeds} seeds ({m['bar']['seeds_at_95pct_by_config']}/{seeds} by configuration); "
+            "beats every baseline that meets the target in "
             + ("(no baseline meets it)" if beats is None else f"{beats}/{seeds}")
             + " seeds."
         )
