@@ -378,7 +378,8 @@ class QuantizationObjective:
         waiter = Waiter()
         while True:
             with self.lock():
-                fail_stale_trials(study)  # a dead worker's claim ends with its trial
+                if waiter.what is not None:  # a dead worker's claim ends with its trial
+                    fail_stale_trials(study)
                 measuring = None
                 seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
                 for other in seen:

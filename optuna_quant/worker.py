@@ -76,6 +76,20 @@ def counted_trials(trials: Sequence[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.state in _COUNTED and t.number not in retried)
 
 
+def _newly_running(before: Sequence[FrozenTrial], now: Sequence[FrozenTrial]) -> int | None:
+    """The number of the trial that is RUNNING in ``now`` and was not in ``before``, if any.
+
+    Example:
+        >>> waiting = optuna.trial.create_trial(state=TrialState.WAITING)
+        >>> running = optuna.trial.create_trial(state=TrialState.RUNNING)
+        >>> waiting.number, running.number = 3, 3
+        >>> _newly_running([waiting], [running]), _newly_running([running], [running])
+        (3, None)
+    """
+    was_running = {t.number for t in before if t.state == TrialState.RUNNING}
+    return next((t.number for t in now if t.state == TrialState.RUNNING and t.number not in was_running), None)
+
+
 class Worker:
     """Runs trials of a shared study until its budget is used, its deadline passed or a target met.
 
@@ -137,7 +151,7 @@ class Worker:
                         self.waiter.done()
                         self._take_prior()
                         # Optuna asks for the trial under the lock; the objective releases it.
-                        self._run_one(held.pop_all())
+                        self._run_one(held.pop_all(), trials)
                         continue
                 if decision == _Next.STOP:
                     self.waiter.done()
@@ -180,7 +194,7 @@ class Worker:
             return _Next.WAIT, f"running trial(s) {running} of other workers"
         return _Next.STOP, ""
 
-    def _run_one(self, lock: ExitStack) -> None:
+    def _run_one(self, lock: ExitStack, before: Sequence[FrozenTrial]) -> None:
         asked: list[optuna.Trial] = []
         reference_error: list[ReferenceMeasurementError] = []
 
@@ -197,9 +211,12 @@ class Worker:
         try:
             self.study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=self.callbacks)
         except KeyboardInterrupt:
-            lock.close()  # when it came before the objective released it: the retry takes it again
-            if asked:
-                self._requeue(asked[0].number)
+            # Before the objective ran (in Optuna's ask: the sampler), the lock is still held and
+            # the asked trial is the one that became RUNNING under it.
+            number = asked[0].number if asked else _newly_running(before, self.study.get_trials(deepcopy=False))
+            lock.close()
+            if number is not None:
+                self._requeue(number)
             raise
         finally:
             lock.close()  # when Optuna's ask itself failed
@@ -207,10 +224,15 @@ class Worker:
             raise reference_error[0]
 
     def _requeue(self, number: int) -> None:
-        """Queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""
+        """Fail and queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""
         # Under the lock, as the heartbeat's retries: no worker decides between the FAIL and the retry.
         with self.lock():
             trial = self.study.get_trials(deepcopy=False)[number]
+            if trial.state == TrialState.RUNNING:
+                # Interrupted before Optuna's heartbeat began (in the ask) or while Optuna told the
+                # result: a trial with no heartbeat is never failed as stale, and others would wait on it.
+                self.study.tell(number, state=TrialState.FAIL)
+                trial = self.study.get_trials(deepcopy=False)[number]
             if trial.state == TrialState.FAIL:
                 with optuna_warnings_off():
                     RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)

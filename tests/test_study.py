@@ -160,6 +160,33 @@ def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> Non
     assert cold.trials == []
 
 
+class _CtrlCInAsk(optuna.samplers.RandomSampler):
+    """Ctrl-C while Optuna asks for trial ``number``: the trial is RUNNING, the objective not started."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(seed=0)
+        self.number: int | None = number
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number == self.number:
+            self.number = None
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_optuna_asks_fails_the_trial_and_queues_it_again(make_study) -> None:
+    # Before, the trial stayed RUNNING with no heartbeat: nothing failed it, and a warm start
+    # waited on it for ever once the budget was used.
+    interrupted = make_study(sampler=_CtrlCInAsk(2))
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.optimize(n_trials=4)
+    states = [t.state for t in interrupted.trials]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
+    warm = make_study(trials_load_method="warm_start")
+    warm.optimize(n_trials=4)
+    states = [t.state for t in warm.trials]
+    assert states.count(TrialState.COMPLETE) == 4 and TrialState.RUNNING not in states
+
+
 def test_warm_start_refuses_another_model(make_study) -> None:
     first = make_study()
     first.optimize(n_trials=1)
