@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl-C as in a terminal: a runner started in the background of a non-interactive shell
+    # ignores SIGINT, its children inherit that, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.die_at:
         inject(args.die_at)
     interval, grace = (int(v) for v in args.heartbeat.split(","))
