@@ -207,8 +207,8 @@ def test_workers_killed_at_random_points_lose_nothing(url: str) -> None:
 
 
 def test_ctrl_c_in_every_worker_then_warm_start(url: str) -> None:
-    # Twice the budget: with 12, a loaded machine's test read the study so slowly that the budget
-    # was spent when Ctrl-C came, and a worker with nothing left ended on its own (exit 0).
+    # Twice the budget, so that every worker still has trials to run when Ctrl-C comes, however
+    # slowly a loaded machine lets this test read the study.
     crew = Crew(url, "interrupted", n_trials=2 * N_TRIALS)
     _interrupt_then_warm_start(crew)
     _assert_recovered(crew)
