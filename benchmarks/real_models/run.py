@@ -48,7 +48,6 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
-from benchmarks.bench_samplers import median_missing_worst  # noqa: E402
 from benchmarks.real_models.baselines import BASELINES, measure  # noqa: E402
 from benchmarks.real_models.workloads import LATENCY_TARGETS, build  # noqa: E402
 import optuna_quant  # noqa: E402
@@ -220,11 +219,19 @@ def checkpoints(budget: int) -> list[int]:
     return sorted({n for n in CHECKPOINTS if n < budget} | {budget})
 
 
-def _stats(values: Sequence[float | None]) -> dict[str, Any]:
-    """Median (a missing value counts as the worst), quartiles of the present values, and count."""
-    present = [v for v in values if v is not None]
-    quartiles = np.percentile(present, [25, 75]).tolist() if present else [None, None]
-    return {"median": median_missing_worst(values), "q25": quartiles[0], "q75": quartiles[1], "n": len(present)}
+def _stats(values: Sequence[float | None], lower_is_better: bool = False) -> dict[str, Any]:
+    """Median and quartiles over seeds, a missing value (a seed that never got there) counting as
+    the worst, and how many are present; a statistic that falls on a missing value is ``None``.
+
+    Example:
+        >>> _stats([3, None, 9, 18, None], lower_is_better=True)
+        {'median': 18.0, 'q25': 9.0, 'q75': None, 'n': 3}
+    """
+    worst = np.inf if lower_is_better else -np.inf
+    filled = [worst if v is None else v for v in values]
+    figures = np.percentile(filled, [25, 50, 75], method="nearest").tolist() if filled else [np.nan] * 3
+    q25, median, q75 = (float(v) if np.isfinite(v) else None for v in figures)
+    return {"median": median, "q25": q25, "q75": q75, "n": sum(v is not None for v in values)}
 
 
 def config_medians(runs: Sequence[dict[str, Any]]) -> dict[tuple, float]:
@@ -299,8 +306,8 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
         methods[method] = {
             "seeds": len(seeds),
             "best_lat_diff": {n: _stats([best_within(r["trials"], acc_th, n) for r in seeds]) for n in checkpoints(budget)},
-            "trials_to_target": _stats([None if h is None else h["number"] + 1 for h in hits]),
-            "seconds_to_target": _stats([None if h is None else h["elapsed_s"] for h in hits]),
+            "trials_to_target": _stats([None if h is None else h["number"] + 1 for h in hits], lower_is_better=True),
+            "seconds_to_target": _stats([None if h is None else h["elapsed_s"] for h in hits], lower_is_better=True),
             "peak_rss_mb": _stats([r["peak_rss_mb"] for r in seeds]),
             "wall_s": _stats([r["wall_s"] for r in seeds]),
             "reference_s": _stats([r["trials"][0]["elapsed_s"] for r in seeds]),
@@ -320,8 +327,8 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
 def _fmt(stats: dict[str, Any], digits: int = 2) -> str:
     if stats["median"] is None:
         return "-" if stats["n"] == 0 else f"- ({stats['n']} hit)"
-    spread = "" if stats["q25"] is None else f" [{stats['q25']:.{digits}f}, {stats['q75']:.{digits}f}]"
-    return f"{stats['median']:.{digits}f}{spread}"
+    q25, q75 = ("-" if q is None else f"{q:.{digits}f}" for q in (stats["q25"], stats["q75"]))
+    return f"{stats['median']:.{digits}f} [{q25}, {q75}]"
 
 
 def format_summary(report: dict[str, Any]) -> str:
