@@ -39,6 +39,7 @@ from tqdm import tqdm
 from optuna_quant import guidance
 from optuna_quant import records
 from optuna_quant._optuna_private import record_first_heartbeat
+from optuna_quant._optuna_private import stop_orphan_heartbeats
 from optuna_quant.objective import QuantizationObjective
 from optuna_quant.reference import check_baseline
 from optuna_quant.reference import ReferenceMeasurementError
@@ -215,6 +216,7 @@ class Worker:
             # the asked trial is the one that became RUNNING under it.
             number = asked[0].number if asked else _newly_running(before, self.study.get_trials(deepcopy=False))
             lock.close()
+            stop_orphan_heartbeats()  # a Ctrl-C in Optuna's heartbeat entry would keep the process alive
             if number is not None:
                 self._requeue(number)
             raise

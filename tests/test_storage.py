@@ -13,6 +13,7 @@ import pytest
 
 from conftest import assert_int8_layers
 import optuna_quant as oq
+from optuna_quant._optuna_private import stop_orphan_heartbeats
 from optuna_quant.artifacts import model_filename
 from optuna_quant.artifacts import NotWritableError
 from optuna_quant.records import SCALING_KEY
@@ -76,6 +77,17 @@ def test_heartbeat_on_every_database_sqlite_included(tmp_path) -> None:
     assert default_artifact_dir(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s-artifacts"
     memory = optuna.storages.InMemoryStorage()
     assert open_storage(memory) is memory
+
+
+def test_a_heartbeat_thread_whose_exit_was_skipped_is_stopped(tmp_path) -> None:
+    # As after a Ctrl-C inside Optuna's heartbeat entry: started, never exited. Non-daemon, it
+    # would keep the process alive, and the trial's heartbeat would never stop.
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(storage=storage)
+    trial = study.ask()
+    optuna.storages._heartbeat.get_heartbeat_thread(trial._trial_id, storage).start()
+    assert stop_orphan_heartbeats() == 1
+    assert stop_orphan_heartbeats() == 0
 
 
 @pytest.mark.postgres
