@@ -173,6 +173,7 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     for worker in interrupted_workers:
         worker.send_signal(signal.SIGINT)
     assert interrupted_workers
+    stopped_by_ctrl_c = 0
     for worker in list(crew.running):
         try:
             worker.wait(timeout=60)
@@ -180,8 +181,12 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
             raise AssertionError(f"a worker did not stop on Ctrl-C: {crew.stacks()}") from None
         crew.running.remove(worker)
         crew.outputs.append(worker.stdout.read())
-        if worker in interrupted_workers:
-            assert worker.returncode != 0 and "KeyboardInterrupt" in crew.outputs[-1]
+        if worker.returncode != 0:
+            assert "KeyboardInterrupt" in crew.outputs[-1], crew.outputs[-1][-3000:]
+            stopped_by_ctrl_c += 1
+        else:  # its last trial ended, and the budget with it, before the Ctrl-C reached Python
+            assert "Best trial" in crew.outputs[-1], crew.outputs[-1][-3000:]
+    assert stopped_by_ctrl_c >= 1
     interrupted = [t for t in crew.trials() if t.state == TrialState.FAIL]
     assert interrupted, "no trial was running when Ctrl-C came"
     finisher = crew.start()
