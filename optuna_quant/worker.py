@@ -233,8 +233,7 @@ class Worker:
             if trial.state == TrialState.RUNNING:
                 # Interrupted before Optuna's heartbeat began (in the ask) or while Optuna told the
                 # result: a trial with no heartbeat is never failed as stale, and others would wait on it.
-                self.study.tell(number, state=TrialState.FAIL)
-                trial = self.study.get_trials(deepcopy=False)[number]
+                trial = self.study.tell(number, state=TrialState.FAIL)
             if trial.state == TrialState.FAIL:
                 with optuna_warnings_off():
                     RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)

@@ -234,11 +234,15 @@ def _stats(values: Sequence[float | None], lower_is_better: bool = False) -> dic
     return {"median": median, "q25": q25, "q75": q75, "n": sum(v is not None for v in values)}
 
 
+def _config(trial: dict[str, Any]) -> tuple:
+    return tuple(sorted(trial["params"].items()))
+
+
 def config_medians(runs: Sequence[dict[str, Any]]) -> dict[tuple, float]:
     """Each measured configuration's ``lat_diff``: the median of all its measurements in ``runs``.
 
     The best of hundreds of noisy readings is an outlier (on silero_vad the top reading, 1.87, is
-    of a configuration whose nine readings have median 1.81): judged by it, every method's best of
+    of a configuration whose eleven readings have median 1.81): judged by it, every method's best of
     20 readings falls short. A configuration's median over every study that measured it is what a
     user who picks it gets.
 
@@ -251,7 +255,7 @@ def config_medians(runs: Sequence[dict[str, Any]]) -> dict[tuple, float]:
     for run in runs:
         for trial in run.get("trials", []):
             if trial["state"] == "COMPLETE" and "params" in trial:
-                readings.setdefault(tuple(sorted(trial["params"].items())), []).append(trial["lat_diff"])
+                readings.setdefault(_config(trial), []).append(trial["lat_diff"])
     return {config: float(np.median(values)) for config, values in readings.items()}
 
 
@@ -262,7 +266,7 @@ def by_config(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     def settle(trial: dict[str, Any]) -> dict[str, Any]:
         if trial["state"] != "COMPLETE" or "params" not in trial:
             return trial
-        return {**trial, "lat_diff": medians[tuple(sorted(trial["params"].items()))]}
+        return {**trial, "lat_diff": medians[_config(trial)]}
 
     return [{**run, "trials": [settle(t) for t in run["trials"]]} if "trials" in run else run for run in runs]
 
@@ -274,10 +278,14 @@ def best_any(runs: Sequence[dict[str, Any]], acc_th: float) -> float | None:
     return max(found) if found else None
 
 
-def bar_ratios(seeds: Sequence[dict[str, Any]], best: float | None, acc_th: float) -> list[float | None]:
-    """Per seed, the best within ``acc_th`` after :data:`BAR_TRIALS` trials over ``best``."""
-    at_bar = [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
-    return [None if v is None or best is None else v / best for v in at_bar]
+def at_bar(seeds: Sequence[dict[str, Any]], acc_th: float) -> list[float | None]:
+    """Per seed, the best ``lat_diff`` within ``acc_th`` after :data:`BAR_TRIALS` trials."""
+    return [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
+
+
+def ratios(values: Sequence[float | None], best: float | None) -> list[float | None]:
+    """``values`` over ``best``, a missing one staying missing."""
+    return [None if v is None or best is None else v / best for v in values]
 
 
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
@@ -300,9 +308,9 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     for method in dict.fromkeys(r["method"] for r in runs if "trials" in r):
         seeds = [r for r in runs if r["method"] == method]
         hits = [first_hit(r["trials"], acc_th, lat_th) for r in seeds]
-        at_bar = [best_within(r["trials"], acc_th, BAR_TRIALS) for r in seeds]
-        ratios = bar_ratios(seeds, best, acc_th)
-        ratios_settled = bar_ratios([r for r in settled if r["method"] == method], best_settled, acc_th)
+        reached = at_bar(seeds, acc_th)
+        as_read = ratios(reached, best)
+        by_configuration = ratios(at_bar([r for r in settled if r["method"] == method], acc_th), best_settled)
         methods[method] = {
             "seeds": len(seeds),
             "best_lat_diff": {n: _stats([best_within(r["trials"], acc_th, n) for r in seeds]) for n in checkpoints(budget)},
@@ -314,11 +322,11 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
             "calibration_s": _stats([sum(r["calibration_s"].values()) for r in seeds]),
             "prior_s": _stats([r["prior_s"] for r in seeds]),
             "bar": {
-                "ratio_at_20": _stats(ratios),
-                "seeds_at_95pct": sum(x is not None and x >= BAR_FRACTION for x in ratios),
-                "ratio_at_20_by_config": _stats(ratios_settled),
-                "seeds_at_95pct_by_config": sum(x is not None and x >= BAR_FRACTION for x in ratios_settled),
-                "beats_baselines": None if not meeting else sum(v is not None and v > max(meeting) for v in at_bar),
+                "ratio_at_20": _stats(as_read),
+                "seeds_at_95pct": sum(x is not None and x >= BAR_FRACTION for x in as_read),
+                "ratio_at_20_by_config": _stats(by_configuration),
+                "seeds_at_95pct_by_config": sum(x is not None and x >= BAR_FRACTION for x in by_configuration),
+                "beats_baselines": None if not meeting else sum(v is not None and v > max(meeting) for v in reached),
             },
         }
     return {"best_any": best, "best_any_by_config": best_settled, "methods": methods, "baselines": baselines, "errors": errors}
