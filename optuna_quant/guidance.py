@@ -126,6 +126,7 @@ def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float
         objective.feeds,
         objective.space,
         settings=objective.benchmark,
+        timing_feed=objective.latency_feed,
     )
     seconds = time.perf_counter() - start
     _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)

@@ -10,6 +10,7 @@ import onnx
 from onnx import numpy_helper
 import pytest
 
+import optuna_quant as oq
 from conftest import CNN_LAYERS
 from examples.tiny_cnn import calibration_data
 from optuna_quant.model_io import to_feeds
@@ -96,9 +97,28 @@ def test_log_lines_before_and_after(cnn, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="optuna_quant.sensitivity"):
         sensitivity_of(cnn)
     messages = [r.getMessage() for r in caplog.records]
-    assert messages[0] == "Measuring the sensitivity of 3 layers on 16 samples"
+    assert messages[0] == "Measuring the sensitivity of 3 layers on 16 samples, timed on a batch of 1"
     assert messages[-1].startswith("Measured the sensitivity of 3 layers in ")
     assert "revert timings" in messages[-1] and "unattributed" in messages[-1]
+
+
+def test_a_study_times_the_layers_on_the_input_it_times_its_trials_on(
+    cnn_path, calib, agreement, fast_bench, tmp_path, caplog
+) -> None:
+    """Calibration data in batches of 8: the study times its trials on one sample (batch_size 1),
+    and so must the revert timings and profiles, since what a layer's int8 saves depends on the
+    input's size (silero-vad's output layer, docs/real-models.md). They once ran on the first
+    calibration feed."""
+    batches = [np.concatenate(calib[i : i + 8]) for i in range(0, len(calib), 8)]
+    study = oq.create_study(
+        cnn_path, batches, agreement, sampler="random", seed=0, storage=f"sqlite:///{tmp_path}/study.db",
+        benchmark=fast_bench, sensitivity=True,
+    )
+    with caplog.at_level(logging.INFO, logger="optuna_quant.sensitivity"):
+        study.optimize(n_trials=1)
+    assert [len(feed) for feed in study.objective.latency_feed.values()] == [1]
+    measuring = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Measuring the sensitivity")]
+    assert measuring == [f"Measuring the sensitivity of {len(CNN_LAYERS)} layers on {len(batches)} samples, timed on a batch of 1"]
 
 
 @pytest.fixture(scope="module")
