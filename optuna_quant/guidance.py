@@ -8,8 +8,9 @@ choice of the space does to the model's outputs and what reverting each layer co
   optuna-quant's samplers have; other samplers are left alone), through
   :func:`optuna_quant.sensitivity.choice_scores`;
 - start-up trials are queued once: the lowest-error combination of the other scopes with every
-  layer int8, then with the layers reverted to fp32 one more at a time, in order of measured harm
-  per time saved (:func:`optuna_quant.sensitivity.revert_order`).
+  layer int8; the same with only the layers whose int8 pays on its own in int8; then every layer
+  int8 but the most harmful ones, reverted to fp32 one more at a time, in order of measured harm
+  per time saved (:func:`optuna_quant.sensitivity.revert_order`) (:meth:`Guidance.startup_params`).
 
 The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 import logging
+import math
 import time
 from typing import Any
 from typing import TYPE_CHECKING
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_quant")
 
-MAX_STARTUP_TRIALS = 4
+MAX_STARTUP_TRIALS = 5
 """Start-up trials queued at most; fewer on a small budget (one per four trials of it)."""
 
 
@@ -80,8 +82,15 @@ class Guidance:
         return {name: by_choice for name, by_choice in scores.items() if name in names}
 
     def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
-        """Up to ``n`` configurations to try first: the lowest-error combination of the other
-        scopes, all int8, then with the most harmful layers reverted to fp32, one more each time.
+        """Up to ``n`` configurations to try first, each once: the lowest-error combination of
+        the other scopes with every layer int8; the same with only the layers whose int8 pays on
+        its own in int8 (:attr:`~optuna_quant.sensitivity.LayerSensitivity.alone_speedup` above
+        1); then every layer int8 but the most harmful ones, reverted to fp32 one more each time.
+
+        The second comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
+        around it, so a layer can cost much speed when reverted alone and still slow the fp32
+        model when quantized alone; the fastest configuration then keeps such layers in fp32
+        together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
 
         Configurations equal to the space's default (the reference) are left out.
         """
@@ -89,12 +98,17 @@ class Guidance:
         base = {**default, **lowest_error(self.scope_errors)["params"]}
         candidates = [base]
         if "layer" in space.scopes:
+            slower = [node for node in space.nodes if (self.layers[node].alone_speedup or math.inf) <= 1.0]
+            # None slower is the base again; all slower, the fp32 model.
+            if 0 < len(slower) < len(space.nodes):
+                candidates.append({**base, **{LAYER_PREFIX + node: "fp32" for node in slower}})
             reverted: dict[str, Any] = {}
             # All but one layer at most: every layer in fp32 is the fp32 model again.
             for node in revert_order(self.layers)[: min(n, len(space.nodes) - 1)]:
                 reverted[LAYER_PREFIX + node] = "fp32"
                 candidates.append({**base, **reverted})
-        return [params for params in candidates if params != default][:n]
+        unique = [params for i, params in enumerate(candidates) if params not in candidates[:i]]
+        return [params for params in unique if params != default][:n]
 
     def to_records(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         """The study records: per-layer sensitivity (as the dashboard reads it) and the rest."""

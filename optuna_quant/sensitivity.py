@@ -11,7 +11,9 @@ Measured once per study, before the search:
   one that predicted the measured accuracy loss of configurations better (see docs).
 - **Time.** What reverting the layer alone to fp32 costs the all-int8 model, end to end: a short
   paired timing (:func:`optuna_quant.latency.measure_latency`) of the all-int8 model against the
-  model with that layer in fp32 (:attr:`LayerSensitivity.revert_cost`). A revert adds
+  model with that layer in fp32 (:attr:`LayerSensitivity.revert_cost`), and from the other end,
+  of the fp32 model against the model with only that layer in int8
+  (:attr:`LayerSensitivity.alone_speedup`). A revert adds
   DequantizeLinear, QuantizeLinear and layout reorders around the layer, which no per-node
   profile charges to it; on the benchmark models they are most of its cost. Next to it,
   onnxruntime's profiler (``SessionOptions.enable_profiling``) on the fp32 and the all-int8
@@ -104,6 +106,13 @@ class LayerSensitivity:
         revert_cost: The share of the all-int8 model's speed-up that keeping only this layer in
             fp32 loses, timed end to end: ``1 - t_all_int8 / t_reverted`` (negative when the
             revert is faster); ``None`` when not measured (a measurement stored before it was).
+        alone_speedup: The speed-up of the model with only this layer of the searched ones in
+            int8 over the fp32 model, timed end to end: ``t_fp32 / t_alone`` (above 1 when this
+            layer's int8 pays on its own); ``None`` when not measured. It and ``revert_cost``
+            can disagree: reverting one layer of an all-int8 model adds the Q/DQ around it,
+            quantizing one layer of an fp32 model adds them too, and on mtcnn_onet each of the
+            four convolutions costs much when reverted alone and slows the model when quantized
+            alone, while the fastest configuration keeps all four in fp32.
     """
 
     error_alone: float
@@ -111,6 +120,7 @@ class LayerSensitivity:
     fp32_ms: float
     int8_ms: float
     revert_cost: float | None = None
+    alone_speedup: float | None = None
 
     @property
     def acc_cost(self) -> float:
@@ -128,12 +138,15 @@ class LayerSensitivity:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerSensitivity:
-        """The measurement stored by :meth:`to_dict` (``revert_cost`` may be absent)."""
-        cost = data.get("revert_cost")
-        return cls(
-            **{key: float(data[key]) for key in ("error_alone", "error_recovered", "fp32_ms", "int8_ms")},
-            revert_cost=None if cost is None else float(cost),
-        )
+        """The measurement stored by :meth:`to_dict` (``revert_cost`` and ``alone_speedup`` may
+        be absent).
+
+        Example:
+            >>> LayerSensitivity.from_dict({"error_alone": 0.1, "error_recovered": 0.1, "fp32_ms": 1, "int8_ms": 0.5})
+            LayerSensitivity(error_alone=0.1, error_recovered=0.1, fp32_ms=1.0, int8_ms=0.5, revert_cost=None, alone_speedup=None)
+        """
+        optional = {key: None if data.get(key) is None else float(data[key]) for key in ("revert_cost", "alone_speedup")}
+        return cls(**{key: float(data[key]) for key in ("error_alone", "error_recovered", "fp32_ms", "int8_ms")}, **optional)
 
 
 def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequence[np.ndarray]]) -> float:
@@ -292,7 +305,7 @@ def measure_sensitivity(
     """Measure every layer of ``nodes`` once: its accuracy cost and what int8 saves on it.
 
     Costs ``2 n + 2`` quantized models' output errors on ``n_samples`` feeds, two profiles, and
-    ``n`` short paired timings (``revert_timing``: about 0.3 s of runs and one session each by
+    ``2 n`` short paired timings (``revert_timing``: about 0.3 s of runs and one session each by
     default; the log line gives their time).
 
     Args:
@@ -305,8 +318,9 @@ def measure_sensitivity(
         n_samples: Feeds on which the output error is measured.
         profile_runs: Profiled runs of each of the fp32 and the all-int8 models.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
-        revert_timing: The paired timing of each revert (:attr:`LayerSensitivity.revert_cost`),
-            on ``settings``' threads; ``None`` leaves ``revert_cost`` unmeasured.
+        revert_timing: The paired timing of each revert (:attr:`LayerSensitivity.revert_cost`)
+            and of each layer alone in int8 (:attr:`LayerSensitivity.alone_speedup`), on
+            ``settings``' threads; ``None`` leaves both unmeasured.
         timing_feed: The input that is profiled and timed (default: the first feed). Give the
             one the study times its trials on: what a layer's int8 saves depends on the input's
             size (silero-vad's output layer: its revert read between -1 % and +1 % on a
@@ -343,7 +357,8 @@ def measure_sensitivity(
     reference = _outputs(fp32_model, samples, settings)
     all_int8 = quantizer.quantize(base)
     base_error = output_error(reference, _outputs(all_int8, samples, settings))
-    alone = {n: output_error(reference, _outputs(with_fallback(set(nodes) - {n}), samples, settings)) for n in nodes}
+    only = {n: with_fallback(set(nodes) - {n}) for n in nodes}
+    alone = {n: output_error(reference, _outputs(only[n], samples, settings)) for n in nodes}
     reverted = {n: with_fallback({n}) for n in nodes}
     recovered = {n: base_error - output_error(reference, _outputs(reverted[n], samples, settings)) for n in nodes}
     measured = time.perf_counter()
@@ -352,17 +367,19 @@ def measure_sensitivity(
     int8_ms, int8_rest = profile_layers(all_int8, timed, layers, settings, profile_runs)
     profiled = time.perf_counter()
     cost: dict[str, float | None] = dict.fromkeys(nodes)
+    speedup: dict[str, float | None] = dict.fromkeys(nodes)
     if revert_timing is not None:
         timing = replace(revert_timing, threads=settings.threads)
-        int8_session = _session(all_int8, timing)
+        int8_session, fp32_session = _session(all_int8, timing), _session(fp32_model, timing)
         for n in nodes:
             # measure_latency's "fp32" slot holds the all-int8 model: its lat_diff is t_all / t_reverted.
             cost[n] = 1.0 - measure_latency(int8_session, _session(reverted[n], timing), timed, timing).lat_diff
-    sens = {n: LayerSensitivity(alone[n], recovered[n], fp32_ms[n], int8_ms[n], cost[n]) for n in nodes}
+            speedup[n] = measure_latency(fp32_session, _session(only[n], timing), timed, timing).lat_diff
+    sens = {n: LayerSensitivity(alone[n], recovered[n], fp32_ms[n], int8_ms[n], cost[n], speedup[n]) for n in nodes}
     _logger.info(
-        "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s, revert "
-        "timings %.1f s): all-int8 error %.3g; layer node time fp32 %.3f ms, int8 %.3f ms; unattributed "
-        "%.3f ms and %.3f ms",
+        "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s, timings "
+        "of each revert and each layer alone %.1f s): all-int8 error %.3g; layer node time fp32 %.3f ms, "
+        "int8 %.3f ms; unattributed %.3f ms and %.3f ms",
         len(nodes),
         time.perf_counter() - start,
         measured - start,

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
+import datetime
 import hashlib
 import logging
 from pathlib import Path
@@ -38,6 +39,9 @@ from optuna.storages import RDBStorage
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 import sqlalchemy
 from sqlalchemy.engine import make_url
+
+from optuna_quant._optuna_private import fail_never_beaten
+from optuna_quant._optuna_private import study_storage
 
 DEFAULT_STORAGE = "sqlite:///optuna_quant.db"
 HEARTBEAT_INTERVAL = 10
@@ -343,8 +347,20 @@ class Waiter:
 def fail_stale_trials(study: optuna.Study) -> None:
     """Fail (and queue again) the running trials whose worker stopped beating; see Optuna's.
 
+    Also those that never beat and started more than the grace period ago. Optuna skips a trial
+    without a heartbeat, and a worker SIGKILLed after Optuna's ask created its trial, before the
+    first heartbeat (the sampler runs in between), left one running for ever: every other worker
+    waited on it once the budget was used. A worker asks and writes that first heartbeat under
+    the study lock, so no live worker of optuna-quant is in between while the caller holds it;
+    the grace period spares a trial that an Optuna process outside optuna-quant's workers is
+    still asking for. Its start is the asking machine's clock, its age this machine's: the
+    machines' clocks must agree, as Optuna's heartbeat assumes of the database server's.
+
     Call it under the study lock: between failing a trial and queueing its retry, a worker that
     decided from the study's trials would see neither (it once queued a second reference).
     """
     with optuna_warnings_off():
         optuna.storages.fail_stale_trials(study)
+        grace = grace_period(study_storage(study))
+        if grace is not None:
+            fail_never_beaten(study, started_before=datetime.datetime.now() - datetime.timedelta(seconds=grace))

@@ -219,6 +219,23 @@ def test_ctrl_c_in_every_worker_then_warm_start(url: str) -> None:
     _assert_recovered(crew)
 
 
+def test_a_worker_killed_while_optuna_asks_leaves_no_trial_running_for_ever(url: str) -> None:
+    """Killed after Optuna created its second trial, before the trial's first heartbeat: Optuna's
+    heartbeat never fails a trial that never beat, and the next worker once waited on it for ever
+    once the budget was used."""
+    crew = Crew(url, "killed-asking", n_trials=4)
+    _alone_until_killed(crew, "ask:2")
+    assert [t.state for t in crew.trials()] == [TrialState.COMPLETE, TrialState.RUNNING]
+    finisher = crew.start()
+    try:
+        finisher.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the next worker did not finish: {crew.stacks()}") from None
+    crew.reap()
+    _assert_recovered(crew)
+    assert crew.trials()[1].state == TrialState.FAIL
+
+
 def test_three_workers_with_a_budget_of_two_run_two_trials(url: str) -> None:
     crew = Crew(url, "budget-of-two", n_trials=2)
     for seed in range(3):

@@ -13,6 +13,7 @@ import pytest
 import optuna_quant as oq
 from conftest import CNN_LAYERS
 from examples.tiny_cnn import calibration_data
+from optuna_quant.guidance import Guidance
 from optuna_quant.model_io import to_feeds
 from optuna_quant.quantize import Quantizer
 from examples.tiny_cnn import build_cnn
@@ -99,7 +100,7 @@ def test_log_lines_before_and_after(cnn, caplog) -> None:
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0] == "Measuring the sensitivity of 3 layers on 16 samples, timed on a batch of 1"
     assert messages[-1].startswith("Measured the sensitivity of 3 layers in ")
-    assert "revert timings" in messages[-1] and "unattributed" in messages[-1]
+    assert "timings of each revert and each layer alone" in messages[-1] and "unattributed" in messages[-1]
 
 
 def test_a_study_times_the_layers_on_the_input_it_times_its_trials_on(
@@ -205,9 +206,38 @@ def test_revert_order_uses_the_timed_revert_cost() -> None:
 def test_round_trip_through_json(rescaled) -> None:
     stored = json.loads(json.dumps({n: s.to_dict() for n, s in rescaled.items()}))
     assert {n: LayerSensitivity.from_dict(d) for n, d in stored.items()} == rescaled
-    # A measurement stored before revert_cost existed still loads.
-    old = {k: v for k, v in rescaled["fc"].to_dict().items() if k != "revert_cost"}
-    assert LayerSensitivity.from_dict(old).revert_cost is None
+    # A measurement stored before revert_cost and alone_speedup existed still loads.
+    old = {k: v for k, v in rescaled["fc"].to_dict().items() if k not in ("revert_cost", "alone_speedup")}
+    assert LayerSensitivity.from_dict(old).revert_cost is None and LayerSensitivity.from_dict(old).alone_speedup is None
+
+
+def test_each_layer_is_timed_from_both_ends(plain) -> None:
+    """A speed-up of the model with only that layer int8 over fp32: a ratio of two timings near
+    each other, so within a factor of 3 of 1 however loaded the machine is."""
+    assert all(s.alone_speedup is not None and 1 / 3 < s.alone_speedup < 3 for s in plain.values())
+    assert all(s.revert_cost is not None for s in plain.values())
+
+
+def _guidance(**alone_speedup: float | None) -> Guidance:
+    """Layers a (most harmful), b, c (least), timed from both ends as given."""
+    harm = {"conv1": 0.3, "conv2": 0.2, "fc": 0.1}
+    layers = {n: LayerSensitivity(harm[n], harm[n], 1.0, 0.5, 0.1, alone_speedup.get(n)) for n in harm}
+    errors = [{"params": {"granularity": "per_channel"}, "error": 0.2}, {"params": {"granularity": "per_tensor"}, "error": 0.1}]
+    return Guidance(layers, errors, reference_acc_loss=0.02)
+
+
+def test_start_up_trials_come_from_both_ends() -> None:
+    space = SearchSpace(("conv1", "conv2", "fc"), scopes=frozenset({"layer", "granularity"}))
+    fp32 = lambda params: [n for n in ("conv1", "conv2", "fc") if params[f"layer:{n}"] == "fp32"]  # noqa: E731
+    # Only fc pays alone: the second trial keeps conv1 and conv2 in fp32 together.
+    first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5)
+    assert [fp32(p) for p in first] == [[], ["conv1", "conv2"], ["conv1"]]  # the second revert is the second trial
+    assert all(p["granularity"] == "per_tensor" for p in first)  # the lowest-error combination
+    # All pay alone (the base again), none does (the fp32 model), or not timed: no such trial.
+    for timed in (dict(conv1=1.2, conv2=1.1, fc=1.3), dict(conv1=0.9, conv2=0.8, fc=0.7), {}):
+        assert [fp32(p) for p in _guidance(**timed).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
+    # The same configuration twice is queued once: conv1 alone slower is the first revert too.
+    assert [fp32(p) for p in _guidance(conv1=0.9, conv2=1.1, fc=1.1).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
 
 
 def test_bad_arguments_are_refused_before_measuring(cnn) -> None:

@@ -6,7 +6,8 @@ It tunes the tests' tiny CNN on its fixtures' data (:mod:`examples.tiny_cnn`) wi
 For fault injection, ``--die-at STAGE`` makes the process SIGKILL itself, as a crash or an
 out-of-memory kill would, in the middle of a stage of a trial: ``calibration`` (onnxruntime's
 range collection), ``reference`` (evaluating the reference), ``eval:N`` and ``latency:N`` (the
-N-th evaluation or latency measurement of this process).
+N-th evaluation or latency measurement of this process), ``ask:N`` (the N-th trial Optuna asks
+for, once it exists in the storage and before its objective runs).
 
 Example:
     $ python tests/worker_script.py postgresql://... --study s --n-trials 12 --eval-sleep 0.3
@@ -80,6 +81,8 @@ def inject(stage: str) -> None:
         wrap(optuna_quant.objective.QuantizationObjective, "_evaluate", countdown)
     elif name == "latency":
         wrap(optuna_quant.objective, "measure_latency", countdown)
+    elif name == "ask":
+        wrap(oq.TPESampler, "before_trial", countdown)  # Optuna calls it once the trial is created
     else:
         raise SystemExit(f"unknown --die-at stage {stage!r}")
 
