@@ -9,8 +9,8 @@
   as its own (:func:`record_first_heartbeat`).
 - ``Study._storage``, ``Study._study_id`` and the RDB storage's ``TrialModel`` and session: which
   running trials have no heartbeat at all, which the public API does not say. A worker killed
-  after Optuna's ask created its trial but before that first heartbeat (the sampler runs in
-  between) leaves a trial Optuna never fails; :func:`optuna_quant.storage.fail_stale_trials`
+  after Optuna's ask created its trial but before that first heartbeat (the sampler's
+  ``before_trial`` runs in between) leaves a trial Optuna never fails; :func:`optuna_quant.storage.fail_stale_trials`
   fails it (:func:`fail_never_beaten`).
 - ``HeartbeatThread._record_heartbeat`` and the stop event among its thread's ``_args``: a Ctrl-C
   inside Optuna's ``with get_heartbeat_thread(...)`` entry starts the non-daemon heartbeat thread
@@ -51,7 +51,6 @@ def stop_orphan_heartbeats() -> int:
         thread._args[2].set()  # type: ignore[attr-defined]  # (trial_id, heartbeat, stop_event)
         thread.join()
     return len(orphans)
-
 
 
 def study_storage(study: optuna.Study) -> BaseStorage:

@@ -378,7 +378,7 @@ class QuantizationObjective:
         waiter = Waiter()
         while True:
             with self.lock():
-                if waiter.what is not None:  # a dead worker's claim ends with its trial
+                if waiter.waiting:  # a dead worker's claim ends with its trial
                     fail_stale_trials(study)
                 measuring = None
                 seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))

@@ -315,9 +315,11 @@ class Waiter:
     Example:
         >>> waiter = Waiter(poll_seconds=0.01)
         >>> waiter.beat("trial 3")
-        >>> waiter.waited > 0
-        True
+        >>> waiter.waiting, waiter.waited > 0
+        (True, True)
         >>> waiter.done()
+        >>> waiter.waiting
+        False
     """
 
     def __init__(self, poll_seconds: float = POLL_SECONDS) -> None:
@@ -326,9 +328,14 @@ class Waiter:
         self.since = 0.0
 
     @property
+    def waiting(self) -> bool:
+        """Whether a wait is under way (a beat since the last :meth:`done`)."""
+        return self.what is not None
+
+    @property
     def waited(self) -> float:
         """Seconds of the wait under way (0 when none is)."""
-        return 0.0 if self.what is None else time.monotonic() - self.since
+        return time.monotonic() - self.since if self.waiting else 0.0
 
     def beat(self, what: str) -> None:
         """Wait one poll for ``what``."""
@@ -349,12 +356,12 @@ def fail_stale_trials(study: optuna.Study) -> None:
 
     Also those that never beat and started more than the grace period ago. Optuna skips a trial
     without a heartbeat, and a worker SIGKILLed after Optuna's ask created its trial, before the
-    first heartbeat (the sampler runs in between), left one running for ever: every other worker
-    waited on it once the budget was used. A worker asks and writes that first heartbeat under
-    the study lock, so no live worker of optuna-quant is in between while the caller holds it;
-    the grace period spares a trial that an Optuna process outside optuna-quant's workers is
-    still asking for. Its start is the asking machine's clock, its age this machine's: the
-    machines' clocks must agree, as Optuna's heartbeat assumes of the database server's.
+    first heartbeat (the sampler's ``before_trial`` runs in between), left one running for ever:
+    every other worker waited on it once the budget was used. A worker asks and writes that first
+    heartbeat under the study lock, so no live worker of optuna-quant is in between while the
+    caller holds it; the grace period spares a trial that an Optuna process outside optuna-quant's
+    workers is still asking for. The trial's start is stamped by the asking machine's clock and
+    compared with this one's: a clock ahead of this one's delays the failure by as much.
 
     Call it under the study lock: between failing a trial and queueing its retry, a worker that
     decided from the study's trials would see neither (it once queued a second reference).

@@ -90,6 +90,15 @@ class Crew:
             worker.kill()
         return "\n".join(w.stdout.read()[-4000:] for w in self.running)
 
+    def finish(self, who: str) -> None:
+        """Start one more worker and wait for it to end the study (the stacks if it hangs)."""
+        finisher = self.start()
+        try:
+            finisher.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{who} did not finish: {self.stacks()}") from None
+        self.reap()
+
     def trials(self) -> list[FrozenTrial]:
         try:
             return optuna.load_study(study_name=self.study, storage=self.url).get_trials()
@@ -189,13 +198,7 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     assert stopped_by_ctrl_c >= 1
     interrupted = [t for t in crew.trials() if t.state == TrialState.FAIL]
     assert interrupted, "no trial was running when Ctrl-C came"
-    finisher = crew.start()
-    try:
-        finisher.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the warm-start worker did not finish: {crew.stacks()}") from None
-    crew.reap()
-    assert finisher.returncode == 0, crew.outputs[-1][-3000:]
+    crew.finish("the warm-start worker")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -226,12 +229,7 @@ def test_a_worker_killed_while_optuna_asks_leaves_no_trial_running_for_ever(url:
     crew = Crew(url, "killed-asking", n_trials=4)
     _alone_until_killed(crew, "ask:2")
     assert [t.state for t in crew.trials()] == [TrialState.COMPLETE, TrialState.RUNNING]
-    finisher = crew.start()
-    try:
-        finisher.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the next worker did not finish: {crew.stacks()}") from None
-    crew.reap()
+    crew.finish("the next worker")
     _assert_recovered(crew)
     assert crew.trials()[1].state == TrialState.FAIL
 
