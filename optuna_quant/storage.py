@@ -351,10 +351,11 @@ class Waiter:
             self.what = None
 
 
-def fail_stale_trials(study: optuna.Study) -> None:
+def fail_stale_trials(study: optuna.Study, *, never_beaten: bool = True) -> None:
     """Fail (and queue again) the running trials whose worker stopped beating; see Optuna's.
 
-    Also those that never beat and started more than the grace period ago. Optuna skips a trial
+    With ``never_beaten``, also those that never beat and started more than the grace period ago
+    (one more storage transaction: a worker asks for it while it waits). Optuna skips a trial
     without a heartbeat, and a worker SIGKILLed after Optuna's ask created its trial, before the
     first heartbeat (the sampler's ``before_trial`` runs in between), left one running for ever:
     every other worker waited on it once the budget was used. A worker asks and writes that first
@@ -369,5 +370,5 @@ def fail_stale_trials(study: optuna.Study) -> None:
     with optuna_warnings_off():
         optuna.storages.fail_stale_trials(study)
         grace = grace_period(study_storage(study))
-        if grace is not None:
+        if never_beaten and grace is not None:
             fail_never_beaten(study, started_before=datetime.datetime.now() - datetime.timedelta(seconds=grace))

@@ -144,7 +144,8 @@ class Worker:
             while True:
                 with ExitStack() as held:
                     held.enter_context(self.lock())
-                    fail_stale_trials(self.study)
+                    # A trial that never beat holds up only a worker that waits: the budget counts it.
+                    fail_stale_trials(self.study, never_beaten=self.waiter.waiting)
                     trials = self.study.get_trials(deepcopy=False)
                     self._show(trials)
                     decision, waiting_on = self._decide(trials)
