@@ -110,9 +110,9 @@ class LayerSensitivity:
             int8 over the fp32 model, timed end to end: ``t_fp32 / t_alone`` (above 1 when this
             layer's int8 pays on its own); ``None`` when not measured. It and ``revert_cost``
             can disagree: reverting one layer of an all-int8 model adds the Q/DQ around it,
-            quantizing one layer of an fp32 model adds them too, and on mtcnn_onet each of the
-            four convolutions costs much when reverted alone and slows the model when quantized
-            alone, while the fastest configuration keeps all four in fp32.
+            quantizing one layer of an fp32 model adds them too: on mtcnn_onet the first two
+            convolutions cost much when reverted alone, every convolution slows the fp32 model
+            or ties it when quantized alone, and the fastest configuration keeps all four in fp32.
     """
 
     error_alone: float
@@ -323,9 +323,9 @@ def measure_sensitivity(
             ``settings``' threads; ``None`` leaves both unmeasured.
         timing_feed: The input that is profiled and timed (default: the first feed). Give the
             one the study times its trials on: what a layer's int8 saves depends on the input's
-            size (silero-vad's output layer: its revert read between -1 % and +1 % on a
-            calibration feed of 187 rows, and -3 % to -4 %, a revert that speeds the model up, on
-            the one row its study times).
+            size (silero-vad's output layer: its revert reads 0 % to +0.6 % on a calibration
+            feed of 187 rows, and -4 % to -6 %, a revert that speeds the model up, on the one row
+            its study times; ``benchmarks/real_models/layer_timing.py``).
 
     Returns:
         The sensitivity of each layer, by name, in the order of ``nodes``.

@@ -219,7 +219,7 @@ def test_each_layer_is_timed_from_both_ends(plain) -> None:
 
 
 def _guidance(**alone_speedup: float | None) -> Guidance:
-    """Layers a (most harmful), b, c (least), timed from both ends as given."""
+    """Layers conv1 (most harmful), conv2, fc (least), timed from the fp32 end as given."""
     harm = {"conv1": 0.3, "conv2": 0.2, "fc": 0.1}
     layers = {n: LayerSensitivity(harm[n], harm[n], 1.0, 0.5, 0.1, alone_speedup.get(n)) for n in harm}
     errors = [{"params": {"granularity": "per_channel"}, "error": 0.2}, {"params": {"granularity": "per_tensor"}, "error": 0.1}]
