@@ -11,7 +11,7 @@ from examples import demo_data  # noqa: E402
 from optuna_quant import QuantizationObjective  # noqa: E402
 from optuna_quant import Targets  # noqa: E402
 from optuna_quant import Top1Accuracy  # noqa: E402
-from optuna_quant.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
 
 
 def demo_objective(benchmark: BenchmarkSettings | None = None) -> QuantizationObjective:

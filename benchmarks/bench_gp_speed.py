@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
-from optuna_quant.samplers.gp import DiscreteGPSampler  # noqa: E402
+from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
 
 N_BINARY = 25
 N_FIVE_WAY = 5

@@ -1,12 +1,12 @@
 """Latency repeatability, alone and beside a competing job: the old and the new paired measurement.
 
 The demo model's default configuration is measured ``--repeats`` times, each time with a fresh
-int8 session, by :func:`optuna_quant.latency.measure_latency` under two settings, alternating so
+int8 session, by :func:`optuna_quant.measure.latency.measure_latency` under two settings, alternating so
 that a change of load hits both alike:
 
 - ``old``: each block summarised by its median run, nothing timed again
   (``BenchmarkSettings(statistic="median", retimes=0)``, the measurement before contention handling);
-- ``new``: the default :class:`~optuna_quant.latency.BenchmarkSettings` (each block's fastest
+- ``new``: the default :class:`~optuna_quant.measure.latency.BenchmarkSettings` (each block's fastest
   run; contended blocks timed again).
 
 It does so under each ``--load``: ``none`` (whatever else runs on the machine), ``worker`` (a
@@ -45,9 +45,9 @@ import onnxruntime as ort  # noqa: E402
 
 from benchmarks._demo_setup import demo_objective  # noqa: E402
 from examples import demo_data  # noqa: E402
-from optuna_quant.latency import BenchmarkSettings  # noqa: E402
-from optuna_quant.latency import LatencyResult  # noqa: E402
-from optuna_quant.latency import measure_latency  # noqa: E402
+from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.measure.latency import LatencyResult  # noqa: E402
+from optuna_quant.measure.latency import measure_latency  # noqa: E402
 
 METHODS = {"old": BenchmarkSettings(statistic="median", retimes=0), "new": BenchmarkSettings()}
 LOADS = ("none", "worker", "burn")

@@ -1,7 +1,7 @@
 """What preparation, the op_types choice and chunked calibration do on models as they ship.
 
 For each model of :data:`optuna_quant.testing.shipped.SHIPPED` that is installed (and the demo
-model): opset and node count before and after :func:`optuna_quant.prepare.prepare_model`; the
+model): opset and node count before and after :func:`optuna_quant.quantization.prepare.prepare_model`; the
 reference configuration's int8/fp32 speed-up (paired timing against the user's unprepared model)
 and output error, with ``quant_pre_process`` on and off and for each ``op_types`` choice; the
 one-off calibration time of each method; and the peak memory (MB, before and after
@@ -29,14 +29,14 @@ import onnx
 import onnxruntime as ort
 
 from benchmarks._versions import versions
-from optuna_quant.latency import BenchmarkSettings
-from optuna_quant.latency import measure_latency
-from optuna_quant.model_io import opset_of
-from optuna_quant.model_io import to_feeds
-from optuna_quant.prepare import prepare_model
-from optuna_quant.quantize import Quantizer
-from optuna_quant.space import QuantConfig
-from optuna_quant.space import SearchSpace
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import measure_latency
+from optuna_quant.quantization.model_io import opset_of
+from optuna_quant.quantization.model_io import to_feeds
+from optuna_quant.quantization.prepare import prepare_model
+from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.trial.space import SearchSpace
 from optuna_quant.testing.shipped import SHIPPED
 
 RESULTS = Path(__file__).parent / "results" / "prepare.json"
@@ -87,7 +87,7 @@ def _prepared_file(name: str) -> Path:
     if not path.exists():
         code = (
             "import onnx; from benchmarks.bench_prepare import _model_and_feeds; "
-            "from optuna_quant.prepare import prepare_model; "
+            "from optuna_quant.quantization.prepare import prepare_model; "
             f"model, feeds = _model_and_feeds({name!r}, 1); "
             f"onnx.save(prepare_model(model, feeds).prepared, {str(path)!r})"
         )

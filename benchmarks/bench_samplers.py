@@ -3,7 +3,7 @@
 A real trial quantizes and measures a model and costs seconds; a table (``benchmarks/tables/``)
 holds every configuration of a real space measured once, so that many studies with many seeds can
 be replayed in minutes. The objective looks the configuration up and returns POT's weighted loss
-(``optuna_quant.loss``), scaled by the table's default configuration. A sampler is judged by how
+(``optuna_quant.measure.loss``), scaled by the table's default configuration. A sampler is judged by how
 few trials it needs to reach the targets.
 
 Samplers: Optuna's ``random``, ``optuna-tpe`` and ``optuna-gp`` (5.0 defaults, seeded),
@@ -19,7 +19,7 @@ table with ``--from-results a.json b.json``.
 
 ``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores (:data:`PRIORS`); they
 report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: ``sensitivity``
-(the default) is ``optuna_quant.sensitivity.choice_scores`` of the table's measured sensitivity
+(the default) is ``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity
 (:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
 (:func:`standin_prior`).
 
@@ -54,6 +54,7 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from functools import lru_cache  # noqa: E402
+import functools  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -67,8 +68,9 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
-from optuna_quant.sensitivity import LayerSensitivity, choice_scores, layer_scores  # noqa: E402
-from optuna_quant.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
+from optuna_quant.trial.scoring import choice_scores, layer_scores  # noqa: E402
+from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHECKPOINTS = (25, 50, 100)
@@ -154,12 +156,12 @@ def resolve(spec: str) -> SamplerFactory:
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise ValueError(f"A sampler spec is module:callable, got {spec!r}.")
-    factory = getattr(importlib.import_module(module_name), attr)
+    factory = functools.reduce(getattr, attr.split("."), importlib.import_module(module_name))
     return lambda seed: factory(seed=seed)
 
 
 def standin_prior(table: Table) -> dict[str, dict[str, float]]:
-    """``optuna_quant.sensitivity.layer_scores`` of each layer from the table's own rows.
+    """``optuna_quant.trial.scoring.layer_scores`` of each layer from the table's own rows.
 
     The row of the default configuration with that layer alone in fp32 gives both what
     reverting it buys in accuracy (in accuracy targets) and what it costs in speed (the share of
@@ -186,7 +188,7 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
 
 
 def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
-    """``optuna_quant.sensitivity.choice_scores`` of the table's measured sensitivity.
+    """``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity.
 
     The table's ``scope_errors`` and ``base_sensitivity`` are what a study measures
     (``build_tables.with_sensitivity``), named by the table's parameters; the reference's
@@ -497,7 +499,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         const="sensitivity",
         choices=sorted(PRIORS),
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
-        "'sensitivity' (the default: optuna_quant.sensitivity.choice_scores; names get '+prior'), "
+        "'sensitivity' (the default: optuna_quant.trial.scoring.choice_scores; names get '+prior'), "
         "'standin' (from the table's rows; names get '+prior-standin')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")

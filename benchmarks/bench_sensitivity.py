@@ -1,6 +1,6 @@
 """How well per-layer sensitivity predicts the accuracy loss and speed-up of configurations (demo model).
 
-:func:`optuna_quant.sensitivity.measure_sensitivity` runs once on the demo objective's model and
+:func:`optuna_quant.measure.sensitivity.measure_sensitivity` runs once on the demo objective's model and
 calibration data. Then every fallback set of the ``layer`` scope (``--configs`` of them drawn at
 random when there are more; the other scopes at the reference's choice) is built and measured
 by the objective (``acc_loss`` on the 1,500 test digits, ``lat_diff`` by the paired timing). Each
@@ -40,10 +40,10 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from benchmarks._demo_setup import demo_objective  # noqa: E402
 from examples import demo_data  # noqa: E402
-from optuna_quant.model_io import to_feeds  # noqa: E402
-from optuna_quant.sensitivity import measure_sensitivity  # noqa: E402
-from optuna_quant.sensitivity import output_error  # noqa: E402
-from optuna_quant.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
+from optuna_quant.measure.sensitivity import measure_sensitivity  # noqa: E402
+from optuna_quant.measure.sensitivity import output_error  # noqa: E402
+from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -26,7 +26,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
-from optuna_quant.samplers.tpe import TPESampler  # noqa: E402
+from optuna_quant.samplers import TPESampler  # noqa: E402
 
 N_BINARY = 26
 N_FIVE_WAY = 4

@@ -30,9 +30,9 @@ from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization import QuantType
 
-from optuna_quant.quantize import _family
-from optuna_quant.quantize import _percentile
-from optuna_quant.space import QuantConfig
+from optuna_quant.quantization.quantize import _family
+from optuna_quant.quantization.quantize import _percentile
+from optuna_quant.quantization.config import QuantConfig
 
 
 def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> None:

@@ -19,7 +19,7 @@ The targets are chosen per table after measuring, so that the default configurat
 accuracy target and only a few percent of the space meets both. Every table also carries the
 sensitivity of its model as a study measures it (:func:`with_sensitivity`: the all-int8 output
 error of every combination of the other parameters, and per layer
-:func:`optuna_quant.sensitivity.measure_sensitivity` at the combination with the lowest error),
+:func:`optuna_quant.measure.sensitivity.measure_sensitivity` at the combination with the lowest error),
 measured with the objective's quantizer and calibration feeds, which ``--sensitivity-only`` adds
 to an existing table without measuring its rows again.
 """
@@ -48,14 +48,14 @@ import onnxruntime as ort  # noqa: E402
 from benchmarks.models.train import MODELS_DIR  # noqa: E402
 from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
-from optuna_quant.evaluate import Top1Accuracy  # noqa: E402
-from optuna_quant.latency import BenchmarkSettings, LatencyResult  # noqa: E402
-from optuna_quant.loss import Targets, relative_accuracy_loss  # noqa: E402
-from optuna_quant.model_io import to_feeds  # noqa: E402
-from optuna_quant.objective import QuantizationObjective  # noqa: E402
-from optuna_quant import sensitivity  # noqa: E402
-from optuna_quant.space import LAYER_PREFIX  # noqa: E402
-from optuna_quant.space import QuantConfig  # noqa: E402
+from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
+from optuna_quant.measure.latency import BenchmarkSettings, LatencyResult  # noqa: E402
+from optuna_quant.measure.loss import Targets, relative_accuracy_loss  # noqa: E402
+from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
+from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
+from optuna_quant.measure import sensitivity  # noqa: E402
+from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.quantization.config import QuantConfig  # noqa: E402
 
 N_CALIBRATION = 200
 BENCHMARK = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3, batch_size=1)
@@ -207,7 +207,7 @@ def table_config(objective: QuantizationObjective, params: Mapping[str, Any]) ->
 
 
 def with_sensitivity(table: Table, measured: Setup) -> Table:
-    """``table`` with the sensitivity of its model (``optuna_quant.sensitivity``), as a study measures it.
+    """``table`` with the sensitivity of its model (``optuna_quant.measure.sensitivity``), as a study measures it.
 
     The all-int8 output error of every combination of the table's other parameters
     (``scope_errors``), and the layers' sensitivity at the combination with the lowest error

@@ -43,7 +43,7 @@ from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
 from optuna_quant.samplers._discrete import DiscreteSpace  # noqa: E402
 from optuna_quant.samplers._gp.gp import DiscreteGP  # noqa: E402
 from optuna_quant.samplers._gp.warp import warp  # noqa: E402
-from optuna_quant.samplers.gp import BayesianOptimization  # noqa: E402
+from optuna_quant.samplers._gp import BayesianOptimization  # noqa: E402
 
 FIT_ROWS = 400
 VARIANTS = ("default", "oracle")

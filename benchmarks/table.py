@@ -25,8 +25,8 @@ sampler may take as a prior::
 in that layer alone (fp32), read from the table's rows: the stand-in used before tables carried
 the real measurement. ``scope_errors`` holds, for every combination of the other parameters
 (range estimator, granularity, mode; the reference's first) with every layer int8, the output
-error against fp32 on the calibration samples (``optuna_quant.sensitivity.measure_scope_errors``);
-``base_sensitivity`` is ``optuna_quant.sensitivity.measure_sensitivity`` run on the table's
+error against fp32 on the calibration samples (``optuna_quant.measure.sensitivity.measure_scope_errors``);
+``base_sensitivity`` is ``optuna_quant.measure.sensitivity.measure_sensitivity`` run on the table's
 model, calibration data and quantizer at the combination with the lowest of these errors
 (``LayerSensitivity.to_dict()`` per layer).
 
@@ -51,7 +51,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from optuna_quant.loss import LossScaling, Targets, weighted_loss
+from optuna_quant.measure.loss import LossScaling, Targets, weighted_loss
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 

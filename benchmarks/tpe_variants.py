@@ -5,7 +5,7 @@ Name them as ``--sampler benchmarks.tpe_variants:indep`` in ``benchmarks/bench_s
 
 from __future__ import annotations
 
-from optuna_quant.samplers.tpe import TPESampler
+from optuna_quant.samplers import TPESampler
 
 
 def indep(seed: int) -> TPESampler:

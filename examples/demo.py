@@ -5,7 +5,7 @@ after the first run), made as sensitive to int8 as real MobileNets (see
 :mod:`examples.demo_model`). The run looks for the fastest int8 configuration that keeps the
 accuracy within 1 % of fp32, prints the best configuration, exports it, and says how to watch the
 study in optuna-dashboard. Before the first trial it prints the probe of the model (what int8 does
-here, see :mod:`optuna_quant.probe`); during the run a progress bar, POT's log lines above it; the
+here, see :mod:`optuna_quant.cli.probe`); during the run a progress bar, POT's log lines above it; the
 study's figures are stored for optuna-dashboard after every trial.
 
 Run::
@@ -26,7 +26,7 @@ import optuna_quant as oq
 from examples.demo_model import build_demo_model
 from examples import demo_data
 from optuna_quant import logs
-from optuna_quant.probe import run_probe
+from optuna_quant.cli.probe import run_probe
 
 
 def main(argv: list[str] | None = None) -> None:

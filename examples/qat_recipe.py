@@ -42,7 +42,7 @@ from examples.demo_model import sensitise
 from examples.demo_model import train_cnn
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
-from optuna_quant.objective import Measurement
+from optuna_quant.trial.objective import Measurement
 from optuna_quant.qat import calibrate
 from optuna_quant.qat import export_qat
 from optuna_quant.qat import freeze_parameters

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from onnx import TensorProto
 import onnxruntime as ort
 
-from optuna_quant.evaluate import Top1Accuracy
+from optuna_quant.measure.evaluate import Top1Accuracy
 
 
 def build_cnn(seed: int = 0, channels: Sequence[int] = (16, 16), image_size: int = 12) -> onnx.ModelProto:

@@ -10,7 +10,7 @@
 - ``Study._storage``, ``Study._study_id`` and the RDB storage's ``TrialModel`` and session: which
   running trials have no heartbeat at all, which the public API does not say. A worker killed
   after Optuna's ask created its trial but before that first heartbeat (the sampler's
-  ``before_trial`` runs in between) leaves a trial Optuna never fails; :func:`optuna_quant.storage.fail_stale_trials`
+  ``before_trial`` runs in between) leaves a trial Optuna never fails; :func:`optuna_quant.storages.waiting.fail_stale_trials`
   fails it (:func:`fail_never_beaten`).
 - ``HeartbeatThread._record_heartbeat`` and the stop event among its thread's ``_args``: a Ctrl-C
   inside Optuna's ``with get_heartbeat_thread(...)`` entry starts the non-daemon heartbeat thread

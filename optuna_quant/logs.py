@@ -220,7 +220,7 @@ def quiet_onnxruntime(hint: str | None = None) -> Iterator[QuantizationWarnings]
 def restored() -> Iterator[None]:
     """Put the package logger's and Optuna's logging back as they were on exit.
 
-    For an entry point called in-process (tests call ``optuna_quant.cli.main``): what it sets
+    For an entry point called in-process (tests call ``optuna_quant.cli.commands``): what it sets
     for its run does not leak into the caller.
     """
     import optuna

@@ -30,8 +30,8 @@ from examples.tiny_cnn import fp32_agreement
 import optuna_quant as oq
 from optuna_quant import logs
 from optuna_quant.cli import main
-from optuna_quant.evaluate import Top1Accuracy
-from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.testing.postgres import NO_BINARIES
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server

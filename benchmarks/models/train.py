@@ -37,7 +37,7 @@ from benchmarks.models.nets import (  # noqa: E402
 )
 from examples.channel_rescaling import rescale_pair  # noqa: E402
 from examples.mnist import MnistSplit, load_mnist  # noqa: E402
-from optuna_quant.torch_export import export_module  # noqa: E402
+from optuna_quant.quantization.torch_export import export_module  # noqa: E402
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "benchmarks"
 # The exporter's own opset: converted down to 17, its global-average-pool ReduceMean is invalid.

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from optuna_quant.latency import BenchmarkSettings
+from optuna_quant.measure.latency import BenchmarkSettings
 
 Feed = dict[str, np.ndarray]
 
@@ -48,7 +48,7 @@ class Workload:
             if isinstance(self.model, Path):
                 self.exported = onnx.load(str(self.model))
             else:
-                from optuna_quant.torch_export import export_module
+                from optuna_quant.quantization.torch_export import export_module
 
                 self.exported, _ = export_module(self.model, self.example_inputs)
         return self.exported

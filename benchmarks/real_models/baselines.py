@@ -8,7 +8,7 @@
   the drop is met.
 
 Each int8 model is scored by the workload's ``eval_fn`` and timed against the model as given with
-``optuna_quant.latency.measure_latency`` (one thread, paired blocks).
+``optuna_quant.measure.latency.measure_latency`` (one thread, paired blocks).
 
 Example:
     >>> workload = WORKLOADS["silero_vad"]()              # doctest: +SKIP
@@ -28,8 +28,8 @@ import onnx
 from onnxruntime.quantization import CalibrationDataReader, quant_pre_process, quantize_static
 
 from benchmarks.real_models.base import Feed, Workload, session
-from optuna_quant.latency import BenchmarkSettings, measure_latency
-from optuna_quant.loss import relative_accuracy_loss
+from optuna_quant.measure.latency import BenchmarkSettings, measure_latency
+from optuna_quant.measure.loss import relative_accuracy_loss
 
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")

@@ -141,7 +141,7 @@ def mtcnn(network: str = "ONet", n_eval: int = 256, n_calibration: int = 32, see
     """A workload of one MTCNN network (``"RNet"`` or ``"ONet"``) through the torch path."""
     import torch
 
-    from optuna_quant.torch_export import export_module
+    from optuna_quant.quantization.torch_export import export_module
 
     size = NETWORKS[network]
     module, example = mtcnn_network(network), torch.zeros(1, 3, size, size)

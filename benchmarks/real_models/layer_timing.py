@@ -1,7 +1,7 @@
 """Each searchable layer of a real model timed as the study's sensitivity times it, on two inputs.
 
 For one model of :mod:`benchmarks.real_models.workloads`, at a configuration of its space (the
-default, with ``--params`` overrides), :func:`optuna_quant.sensitivity.measure_sensitivity` runs
+default, with ``--params`` overrides), :func:`optuna_quant.measure.sensitivity.measure_sensitivity` runs
 ``--repeats`` times on each of two inputs: the first calibration feed (what the sensitivity timed
 before be69d5f) and the study's latency feed (what it times now, and what the trials are timed
 on). Per layer it prints ``revert_cost`` (the share of the all-int8 speed-up that keeping only
@@ -31,7 +31,7 @@ import optuna  # noqa: E402
 from benchmarks.real_models.run import ACCURACY_LOSS, SETTINGS  # noqa: E402
 from benchmarks.real_models.workloads import build, LATENCY_TARGETS, WORKLOADS  # noqa: E402
 import optuna_quant  # noqa: E402
-from optuna_quant.sensitivity import measure_sensitivity  # noqa: E402
+from optuna_quant.measure.sensitivity import measure_sensitivity  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

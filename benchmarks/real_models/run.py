@@ -51,7 +51,7 @@ from benchmarks._versions import versions  # noqa: E402
 from benchmarks.real_models.baselines import BASELINES, measure  # noqa: E402
 from benchmarks.real_models.workloads import LATENCY_TARGETS, build  # noqa: E402
 import optuna_quant  # noqa: E402
-from optuna_quant.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
 
 SETTINGS = BenchmarkSettings(threads=1, warmup=5, blocks=8, min_seconds=1.0)
 ACCURACY_LOSS = 1.0  # percent

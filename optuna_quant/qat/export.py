@@ -13,7 +13,7 @@ keeps the batch size symbolic. torch's fake-quantization ops have no fake-tensor
 so ``torch.export`` fails on them with a symbolic batch size: during a dynamo export the
 quantizers emit the ONNX ops themselves (``torch.onnx.ops.symbolic``). The exporter writes
 opset 18; a lower ``opset`` is converted down by ``onnx.version_converter`` (see
-:func:`optuna_quant.torch_export.export_module`, which this module uses).
+:func:`optuna_quant.quantization.torch_export.export_module`, which this module uses).
 
 Example:
     >>> import torch
@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from optuna_quant.qat.nn import UncalibratedQuantizerError, named_quantizers
-from optuna_quant.torch_export import export_module
-from optuna_quant.torch_export import NATIVE_OPSET
+from optuna_quant.quantization.torch_export import export_module
+from optuna_quant.quantization.torch_export import NATIVE_OPSET
 
 __all__ = ["export_qat"]
 

@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-from optuna_quant.samplers.gp import acq_max
-from optuna_quant.samplers.gp import BayesianOptimization
-from optuna_quant.samplers.gp import DiscreteGPSampler
-from optuna_quant.samplers.gp import TargetSpace
-from optuna_quant.samplers.tpe import TPESampler
+from optuna_quant.samplers._gp import acq_max
+from optuna_quant.samplers._gp import BayesianOptimization
+from optuna_quant.samplers._gp import DiscreteGPSampler
+from optuna_quant.samplers._gp import TargetSpace
+from optuna_quant.samplers._tpe import TPESampler
 
 __all__ = ["BayesianOptimization", "DiscreteGPSampler", "TPESampler", "TargetSpace", "acq_max"]

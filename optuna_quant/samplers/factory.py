@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import optuna
 
-from optuna_quant.samplers.gp import DiscreteGPSampler
-from optuna_quant.samplers.tpe import TPESampler
+from optuna_quant.samplers._gp import DiscreteGPSampler
+from optuna_quant.samplers._tpe import TPESampler
 
 SAMPLER_NAMES = ("tpe", "gp", "random")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optuna_quant.model_io import Feed
+from optuna_quant.quantization.model_io import Feed
 
 
 def text_line(text: str, height: int, width: int, channels: int) -> np.ndarray:

@@ -1,0 +1,320 @@
+"""What to ask for before a study: the fp32 model, the reference int8 model and this CPU, measured.
+
+A probe measures the fp32 accuracy and latency and the reference configuration (every layer
+int8, the first choice of every scope: the configuration a study's first trial measures), reads
+what this CPU and onnxruntime offer for int8, and suggests a pair of targets with its reason. When
+int8 is not faster than fp32 here it says so, with the usual causes found in the model. It takes
+seconds to a minute and touches no storage: no study is created or read.
+
+Example:
+    >>> import optuna_quant as oq
+    >>> report = oq.probe.probe("model.onnx", calib, eval_fn=evaluate)   # doctest: +SKIP
+    >>> print(report.report())                                          # doctest: +SKIP
+    >>> report.suggested_latency_reduce                                 # doctest: +SKIP
+    2.05
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+import math
+from pathlib import Path
+import time
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+from onnxruntime.quantization.registry import QLinearOpsRegistry
+
+from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.logs import quiet_onnxruntime
+from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.trial.objective import Measurement
+from optuna_quant.trial.objective import QuantizationObjective
+
+CPU_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2", "asimddp", "i8mm")
+"""The /proc/cpuinfo flags that matter to onnxruntime's int8 kernels, fastest first."""
+DOT_PRODUCT_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni", "asimddp", "i8mm"})
+"""Flags of int8 dot-product instructions: without one, int8 kernels gain little over fp32."""
+NARROW_CHANNELS = 64
+"""Layers narrower than this rarely run faster in int8 (docs: 16/32/64 channels ran 0.85 times as
+fast as fp32 on this project's test CPU, 64/128/128 channels 2.6 times as fast)."""
+# Ops that move or reshape data: no arithmetic, so no int8 kernel is needed.
+_DATA_OPS = frozenset({"Constant", "Shape", "Identity", "Cast", "Slice", "Expand", "Tile", "Gather",
+                       "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Concat"})
+SensitivityMap = Mapping[str, Mapping[str, float]]
+"""Per-layer sensitivity: ``{node: {"acc_cost": float, "time_saved_ms": float}}``."""
+
+
+@dataclass(frozen=True)
+class Int8Support:
+    """What this machine's onnxruntime offers for int8.
+
+    Attributes:
+        onnxruntime_version: ``onnxruntime.__version__``.
+        providers: The execution providers of this onnxruntime build.
+        instruction_sets: The flags of :data:`CPU_INT8_FLAGS` that this CPU has.
+    """
+
+    onnxruntime_version: str
+    providers: tuple[str, ...]
+    instruction_sets: tuple[str, ...]
+
+    @property
+    def dot_product(self) -> bool:
+        """Whether the CPU has int8 dot-product instructions (VNNI, AMX, ARM dot product)."""
+        return bool(DOT_PRODUCT_FLAGS.intersection(self.instruction_sets))
+
+    def describe(self) -> str:
+        """One line: the onnxruntime version, providers and int8 instructions."""
+        found = ", ".join(self.instruction_sets) or "none of " + ", ".join(CPU_INT8_FLAGS)
+        return f"onnxruntime {self.onnxruntime_version} ({', '.join(self.providers)}); int8 instructions: {found}"
+
+
+def int8_support(cpuinfo: str | Path = "/proc/cpuinfo") -> Int8Support:
+    """Read the int8 instruction sets from ``cpuinfo`` and onnxruntime's providers.
+
+    A missing ``cpuinfo`` (not Linux) gives no instruction sets.
+
+    Example:
+        >>> support = int8_support()
+        >>> "CPUExecutionProvider" in support.providers
+        True
+    """
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, ARM
+            flags.update(value.split())
+    return Int8Support(
+        onnxruntime_version=ort.__version__,
+        providers=tuple(ort.get_available_providers()),
+        instruction_sets=tuple(flag for flag in CPU_INT8_FLAGS if flag in flags),
+    )
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What a probe measured and what it suggests.
+
+    Attributes:
+        fp32_accuracy: The fp32 model's score.
+        reference: The measurement of the reference configuration (``space.default_params()``),
+            the one a study's first trial records.
+        support: What this machine offers for int8.
+        suggested_accuracy_loss: Suggested ``accuracy_loss``, percent.
+        suggested_latency_reduce: Suggested ``latency_reduce``.
+        reasons: Why, one sentence per target.
+        slow_int8_causes: When int8 is not faster here: the usual causes, those found first.
+        sensitivity: Per-layer sensitivity, when known.
+        seconds: How long the probe took.
+    """
+
+    fp32_accuracy: float
+    reference: Measurement
+    support: Int8Support
+    suggested_accuracy_loss: float
+    suggested_latency_reduce: float
+    reasons: tuple[str, str]
+    slow_int8_causes: tuple[str, ...]
+    sensitivity: SensitivityMap | None
+    seconds: float
+
+    @property
+    def acc_loss(self) -> float:
+        """The reference's relative accuracy loss."""
+        return self.reference.acc_loss
+
+    @property
+    def lat_diff(self) -> float:
+        """The reference's ``fp32_latency / int8_latency``."""
+        return self.reference.lat_diff
+
+    @property
+    def int8_faster(self) -> bool:
+        """Whether the reference int8 model runs faster than fp32 here."""
+        return self.lat_diff > 1.0
+
+    def report(self) -> str:
+        """The probe as a person reads it, with units on every figure."""
+        latency = self.reference.latency
+        lines = [
+            f"Probe ({self.seconds:.1f} s, nothing stored)",
+            f"  fp32 model:        accuracy {self.fp32_accuracy:.4f}, latency {latency.fp32_ms:.3f} ms per run",
+            f"  reference int8:    acc_loss {self.acc_loss:.4f} ({self.acc_loss * 100:.2f} % of fp32 accuracy), "
+            f"lat_diff {self.lat_diff:.2f}x ± {latency.spread * 100:.1f} % ({latency.int8_ms:.3f} ms per run)",
+            "                     (every layer int8, the first choice of every scope: a study's first trial)",
+            f"  int8 on this CPU:  {self.support.describe()}",
+        ]
+        if not self.int8_faster:
+            lines.append(f"  int8 is not faster than fp32 here (lat_diff {self.lat_diff:.2f}x). Usual causes:")
+            lines += [f"    - {cause}" for cause in self.slow_int8_causes]
+        if self.sensitivity:
+            lines.append("  most sensitive layers (accuracy cost of int8, time it saves):")
+            lines += [
+                f"    {node:24s} acc_cost {cost['acc_cost']:.4f}  time_saved {cost['time_saved_ms']:.3f} ms"
+                for node, cost in _most_sensitive(self.sensitivity)
+            ]
+        lines += [
+            "Suggested targets (config keys):",
+            f"  accuracy_loss: {self.suggested_accuracy_loss:.1f}     # percent: {self.reasons[0]}",
+            f"  latency_reduce: {self.suggested_latency_reduce:.2f}   # {self.reasons[1]}",
+        ]
+        return "\n".join(lines)
+
+
+def _most_sensitive(sensitivity: SensitivityMap, n: int = 5) -> list[tuple[str, Mapping[str, float]]]:
+    return sorted(sensitivity.items(), key=lambda item: -item[1]["acc_cost"])[:n]
+
+
+def suggest_targets(acc_loss: float, lat_diff: float, spread: float) -> tuple[float, float, tuple[str, str]]:
+    """A pair of targets for a study, from the reference's ``acc_loss``, ``lat_diff`` and spread.
+
+    The latency target is a little under the reference's speed-up (by twice its spread, at least
+    5 %, rounded down to 0.05), as the reference, every layer int8, is about the fastest
+    configuration and keeping a few layers in fp32 costs some speed. The accuracy target is 1 %,
+    POT's usual one.
+
+    Returns:
+        ``(accuracy_loss, latency_reduce, (accuracy reason, latency reason))``.
+
+    Example:
+        >>> suggest_targets(0.0674, 2.18, 0.015)[:2]
+        (1.0, 2.05)
+        >>> suggest_targets(0.002, 0.85, 0.02)[:2]
+        (1.0, 1.0)
+    """
+    percent = acc_loss * 100
+    if percent <= 1.0:
+        accuracy = (
+            f"the reference loses {percent:.2f} %, within 1 %: the search can look for faster "
+            "calibration and granularity choices"
+        )
+    else:
+        accuracy = (
+            f"the reference loses {percent:.2f} %: the search keeps the most sensitive layers in fp32 "
+            f"to get under 1 %, at some speed; ask for {math.ceil(percent * 10) / 10:g} if that loss is acceptable"
+        )
+    if lat_diff <= 1.0:
+        return 1.0, 1.0, (accuracy, f"int8 is not faster than fp32 here (lat_diff {lat_diff:.2f}x): ask for no speed-up")
+    margin = max(0.05, 2 * spread)
+    latency_reduce = max(1.0, math.floor(lat_diff * (1 - margin) * 20) / 20)
+    latency = (
+        f"a little under the reference's {lat_diff:.2f}x (spread {spread * 100:.1f} %), "
+        "so that a few layers can stay in fp32 and still meet it"
+    )
+    return 1.0, latency_reduce, (accuracy, latency)
+
+
+def slow_int8_causes(model: onnx.ModelProto, support: Int8Support) -> tuple[str, ...]:
+    """What usually makes int8 no faster than fp32, the causes found in ``model`` and ``support`` first."""
+    found, other = [], []
+    if support.dot_product:
+        other.append("no int8 dot-product instructions (VNNI, AMX): this CPU has them")
+    else:
+        found.append("this CPU has no int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX): "
+                     "onnxruntime's int8 kernels gain little over fp32")
+    counts = Counter(node.op_type for node in model.graph.node)
+    batch_norms = counts.get("BatchNormalization", 0)
+    (found if batch_norms else other).append(
+        f"unfolded BatchNormalization ({batch_norms} in this model): fold them first "
+        "(onnxruntime.quantization.shape_inference.quant_pre_process)"
+    )
+    no_kernel = {op: n for op, n in counts.items() if op not in QLinearOpsRegistry and op not in _DATA_OPS}
+    if no_kernel:
+        listed = ", ".join(f"{op} ({n})" for op, n in sorted(no_kernel.items(), key=lambda kv: -kv[1]))
+        found.append(f"Q/DQ pairs around ops without int8 kernels, which run in fp32 between int8 layers: {listed}")
+    else:
+        other.append("Q/DQ pairs around ops without int8 kernels: none in this model")
+    widest = _widest_layer(model)
+    if widest is not None and widest < NARROW_CHANNELS:
+        found.append(f"narrow layers: the widest has {widest} output channels; int8 pays from about "
+                     f"{NARROW_CHANNELS} channels")
+    else:
+        other.append(f"layers too narrow (under {NARROW_CHANNELS} channels): the widest has {widest}")
+    return tuple(found + [f"(not the cause here) {cause}" for cause in other])
+
+
+def _widest_layer(model: onnx.ModelProto) -> int | None:
+    """The most output channels of a Conv, ConvTranspose, MatMul or Gemm with a constant weight."""
+    weights = {init.name: init for init in model.graph.initializer}
+    widths = []
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and len(node.input) > 1:
+            weight = weights.get(node.input[1])
+            if weight is not None and len(weight.dims) >= 2:
+                trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+                axis = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": 0 if trans_b else -1}[node.op_type]
+                widths.append(int(weight.dims[axis]))
+    return max(widths) if widths else None
+
+
+def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | None = None) -> ProbeReport:
+    """Probe the model of ``objective``: fp32 baseline, reference configuration, CPU, targets.
+
+    The objective's fp32 accuracy is measured once and kept (or taken from its ``metrics``), so a
+    study that uses the same objective does not evaluate fp32 again. Nothing is stored.
+
+    Args:
+        objective: The objective of the model, its data and latency settings.
+        sensitivity: Per-layer sensitivity ``{node: {"acc_cost": ..., "time_saved_ms": ...}}``, shown
+            when given.
+    """
+    start = time.perf_counter()
+    with quiet_onnxruntime():
+        fp32_accuracy = objective.baseline()
+        reference = objective.measure(objective.space.default_params())
+    support = int8_support()
+    accuracy_loss, latency_reduce, reasons = suggest_targets(
+        reference.acc_loss, reference.lat_diff, reference.latency.spread
+    )
+    return ProbeReport(
+        fp32_accuracy=fp32_accuracy,
+        reference=reference,
+        support=support,
+        suggested_accuracy_loss=accuracy_loss,
+        suggested_latency_reduce=latency_reduce,
+        reasons=reasons,
+        slow_int8_causes=() if reference.lat_diff > 1.0 else slow_int8_causes(objective.model, support),
+        sensitivity=sensitivity,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def probe(
+    model: ModelLike,
+    calibration_data: Iterable[Any],
+    eval_fn: EvalFn | None = None,
+    *,
+    eval_data: tuple[Any, Any] | None = None,
+    benchmark: BenchmarkSettings | dict[str, Any] | None = None,
+    metrics: float | None = None,
+    eval_subset_size: int | None = None,
+    sensitivity: SensitivityMap | None = None,
+) -> ProbeReport:
+    """Probe ``model`` with the arguments of :func:`optuna_quant.create_study` that measuring needs.
+
+    Raises:
+        ValueError, TypeError, FileNotFoundError: For bad input, as ``create_study`` does.
+    """
+    if (eval_fn is None) == (eval_data is None):
+        raise ValueError("Give exactly one of eval_fn and eval_data.")
+    if isinstance(benchmark, dict):
+        benchmark = BenchmarkSettings.from_dict(benchmark)
+    objective = QuantizationObjective(
+        model,
+        calibration_data,
+        Top1Accuracy(*eval_data) if eval_data is not None else eval_fn,
+        benchmark=benchmark,
+        fp32_accuracy=metrics,
+        eval_subset_size=eval_subset_size,
+    )
+    return run_probe(objective, sensitivity)

@@ -1,0 +1,250 @@
+"""Preparing a model as it ships for quantization, keeping the user's model for the fp32 side.
+
+Models as they ship are often opset 11 or 12, write ``dim_value: -1`` for a dynamic size, and
+keep BatchNormalization beside their convolutions. :func:`prepare_model` makes the model that the
+quantizer gets and the search space is read from:
+
+1. sizes of ``-1`` (or 0) become symbolic dimensions, so that shape inference leaves them free;
+2. an opset older than 13 (per-channel Q/DQ needs QuantizeLinear's ``axis``) is lifted with
+   ``onnx.version_converter``;
+3. onnxruntime's ``quant_pre_process`` (symbolic shape inference, graph optimization with
+   BatchNorm folding, ONNX shape inference). When symbolic shape inference fails, it is retried
+   with ``skip_symbolic_shape=True``, then with the optimization skipped too; every attempt is
+   logged, and when all fail the model goes on without it.
+
+After each step the outputs are compared with the user's model on calibration feeds: a converted
+model that computes something else is an error, a pre-processed one is dropped with a warning.
+The user's model stays in :attr:`PreparedModel.original`, so that fp32 accuracy and latency are
+measured on what the user runs and ``lat_diff`` is the speed-up the user gets. Optimization
+removes and renames nodes: build the search space from :attr:`PreparedModel.prepared`.
+
+Example:
+    >>> prepared = prepare_model("ocr.onnx", feeds)            # doctest: +SKIP
+    >>> prepared.steps                                          # doctest: +SKIP
+    ('dynamic dims: x[0]', 'opset 11 -> 13', 'quant_pre_process: 566 -> 150 nodes')
+    >>> space = SearchSpace.from_model(prepared.prepared)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+import logging
+from pathlib import Path
+import tempfile
+import traceback
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.version_converter
+import onnxruntime as ort
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from optuna_quant.quantization.model_io import Feed
+from optuna_quant.quantization.model_io import load_model
+from optuna_quant.quantization.model_io import MIN_OPSET
+from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.quantization.model_io import name_nodes
+from optuna_quant.quantization.model_io import opset_of
+from optuna_quant.quantization.config import subgraph_quantizable_nodes
+
+_logger = logging.getLogger(__name__)
+
+CHECK_FEEDS = 4
+"""How many calibration feeds the output checks run."""
+RTOL = 1e-3
+"""Largest output difference allowed, relative to the largest absolute value of that output."""
+PRE_PROCESS_ATTEMPTS: tuple[dict[str, bool], ...] = (
+    {},
+    {"skip_symbolic_shape": True},
+    {"skip_symbolic_shape": True, "skip_optimization": True},
+)
+"""``quant_pre_process`` options tried in order until one succeeds."""
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """The user's model and the one prepared for quantization.
+
+    Attributes:
+        original: The model as the user gave it (checked, unnamed nodes named): measure fp32
+            accuracy and latency on it.
+        prepared: The model to quantize and to read the search space from.
+        steps: What preparation did, in order, one readable line each.
+    """
+
+    original: onnx.ModelProto
+    prepared: onnx.ModelProto
+    steps: tuple[str, ...]
+
+
+def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool = True) -> PreparedModel:
+    """Prepare ``model`` for quantization, checked against its own outputs on ``feeds``.
+
+    Args:
+        model: An ONNX model: a path (external data is loaded from beside it) or a ``ModelProto``.
+        feeds: Input dicts (see :func:`optuna_quant.quantization.model_io.to_feeds`); the first
+            :data:`CHECK_FEEDS` check each step's outputs.
+        pre_process: Run onnxruntime's ``quant_pre_process``.
+
+    Raises:
+        FileNotFoundError, ValueError: For a bad model (see :func:`optuna_quant.quantization.model_io.load_model`),
+            an opset the converter cannot lift, or a conversion that changes the outputs.
+    """
+    original = load_model(model)
+    checks = list(feeds[:CHECK_FEEDS])
+    try:
+        expected = _run(original, checks)
+    except Exception as err:
+        raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
+    steps: list[str] = []
+    work = onnx.ModelProto()
+    work.CopyFrom(original)
+    freed = _free_dynamic_dims(work)
+    if freed:
+        steps.append(f"dynamic dims: {', '.join(freed)}")
+    opset = opset_of(work)
+    if opset < MIN_OPSET:
+        work = _upgraded(work, opset)
+        mismatch = _mismatch(work, checks, expected)
+        if mismatch:
+            raise ValueError(
+                f"Converting the model from opset {opset} to {MIN_OPSET} changes its outputs: {mismatch}. "
+                f"Re-export the model with opset {MIN_OPSET} or later."
+            )
+        steps.append(f"opset {opset} -> {MIN_OPSET}")
+    if pre_process:
+        work = _pre_processed(work, checks, expected, steps)
+    name_nodes(work)
+    for step in steps:
+        _logger.info("Prepared the model: %s", step)
+    inside = subgraph_quantizable_nodes(work)
+    if inside:
+        _logger.warning(
+            "%d quantizable nodes sit inside If/Loop/Scan bodies and stay fp32 (onnxruntime "
+            "quantizes the top-level graph only): %s",
+            len(inside),
+            ", ".join(inside),
+        )
+    return PreparedModel(original=original, prepared=work, steps=tuple(steps))
+
+
+def _free_dynamic_dims(model: onnx.ModelProto) -> list[str]:
+    """Turn sizes of -1 or 0 of the graph's inputs, outputs and value_info into named free dims."""
+    freed = []
+    graph = model.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value <= 0:
+                dim.dim_param = f"{value.name}_dim{axis}"
+                freed.append(f"{value.name}[{axis}]")
+    return freed
+
+
+def _upgraded(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    try:
+        upgraded = onnx.version_converter.convert_version(model, MIN_OPSET)
+        onnx.checker.check_model(upgraded)
+    except Exception as err:
+        raise ValueError(
+            f"The model's opset {opset} could not be converted to opset {MIN_OPSET}, which "
+            f"per-channel quantization needs (onnx.version_converter: {err}). Re-export the model "
+            f"with opset {MIN_OPSET} or later."
+        ) from err
+    return upgraded
+
+
+def _pre_processed(
+    model: onnx.ModelProto, checks: list[Feed], expected: list[list[np.ndarray]], steps: list[str]
+) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory(prefix="optuna-quant-prep-") as tmp:
+        # A path, not the ModelProto: onnxruntime 1.32 fails to optimize a ModelProto whose
+        # weights are all inline once symbolic shape inference is skipped.
+        source, output = Path(tmp) / "model.onnx", Path(tmp) / "prepared.onnx"
+        onnx.save(model, str(source))
+        for options in PRE_PROCESS_ATTEMPTS:
+            label = "quant_pre_process" + "".join(f" {key}" for key in options)
+            errors = _ErrorRecords()
+            pre_logger = logging.getLogger("onnxruntime.quantization.shape_inference")
+            pre_logger.addHandler(errors)
+            try:
+                with _no_stray_file(SYMBOLIC_SHAPE_DUMP):
+                    quant_pre_process(str(source), str(output), **options)
+                failure = errors.first
+            except Exception as err:  # symbolic shape inference raises on what it cannot infer
+                frame = traceback.extract_tb(err.__traceback__)[-1]
+                failure = f"{type(err).__name__}({err}) at {Path(frame.filename).name}:{frame.lineno}"
+            finally:
+                pre_logger.removeHandler(errors)
+            if failure is None:
+                prepared = onnx.load(str(output))
+                mismatch = _mismatch(prepared, checks, expected)
+                if mismatch is None:
+                    steps.append(f"{label}: {len(model.graph.node)} -> {len(prepared.graph.node)} nodes")
+                    return prepared
+                failure = f"outputs changed: {mismatch}"
+            _logger.warning("%s failed (%s); trying the next fallback.", label, failure.splitlines()[0])
+    steps.append("quant_pre_process skipped: every attempt failed")
+    return model
+
+
+# onnxruntime's symbolic shape inference dumps the model here, in the current directory, when it
+# fails; the user's folder is no place for it.
+SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
+
+
+@contextmanager
+def _no_stray_file(path: Path) -> Iterator[None]:
+    """Remove ``path`` (and its external data) after the block if the block created it."""
+    existed = path.exists()
+    try:
+        yield
+    finally:
+        if not existed:
+            for stray in (path, path.with_name(path.name + ".data")):
+                stray.unlink(missing_ok=True)
+
+
+class _ErrorRecords(logging.Handler):
+    """The first error that ``quant_pre_process`` logs instead of raising (a failed optimization)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.first: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.first is None:
+            self.first = record.getMessage()
+
+
+def _run(model: onnx.ModelProto, feeds: list[Feed]) -> list[list[np.ndarray]]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [session.run(None, feed) for feed in feeds]
+
+
+def _mismatch(model: onnx.ModelProto, feeds: list[Feed], expected: list[list[np.ndarray]]) -> str | None:
+    """How ``model``'s outputs differ from ``expected`` beyond :data:`RTOL`, or None."""
+    outputs = [value.name for value in model.graph.output]
+    try:
+        results = _run(model, feeds)
+    except Exception as err:  # an invalid conversion can fail only when onnxruntime loads it
+        return f"it does not run in onnxruntime ({err})"
+    for index, (got, want) in enumerate(zip(results, expected)):
+        for name, a, b in zip(outputs, got, want):
+            a, b = np.asarray(a), np.asarray(b)
+            if a.shape != b.shape:
+                return f"output {name!r} has shape {a.shape} instead of {b.shape} on feed {index}"
+            if a.size == 0:
+                continue
+            error, scale = _max_abs(a.astype(np.float64) - b), max(_max_abs(b), 1e-12)
+            if not error <= RTOL * scale:
+                return f"output {name!r} differs by {error:.3g} (largest value {scale:.3g}) on feed {index}"
+    return None
+
+
+def _max_abs(array: Any) -> float:
+    return float(np.max(np.abs(array)))

@@ -1,0 +1,257 @@
+"""What a study measures once after its reference, and how it guides the search.
+
+The worker that measures the reference trial then measures, on the calibration data, what each
+choice of the space does to the model's outputs and what reverting each layer costs in time
+(:func:`optuna_quant.trial.guidance.measure_space`), and stores it with the study. From it:
+
+- every worker gives its sampler a prior over the choices (``sampler.set_prior``, which both of
+  optuna-quant's samplers have; other samplers are left alone), through
+  :func:`optuna_quant.trial.scoring.choice_scores`;
+- start-up trials are queued once: the lowest-error combination of the other scopes with every
+  layer int8; the same with only the layers whose int8 pays on its own in int8; then every layer
+  int8 but the most harmful ones, reverted to fp32 one more at a time, in order of measured harm
+  per time saved (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`).
+
+The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
+
+Example:
+    >>> guidance = measure_guidance(objective, reference_acc_loss=0.02)   # doctest: +SKIP
+    >>> guidance.prior(Targets(accuracy_loss=1.0), space)["layer:conv1"]  # doctest: +SKIP
+    {'fp32': 0.91, 'int8': 0.09}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+import itertools
+import logging
+import math
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+import onnx
+import optuna
+from optuna.distributions import CategoricalDistribution
+
+from optuna_quant.trial import records
+from optuna_quant.measure.loss import Targets
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.sensitivity import LayerSensitivity
+from optuna_quant.measure.sensitivity import lowest_error
+from optuna_quant.measure.sensitivity import measure_scope_errors
+from optuna_quant.measure.sensitivity import measure_sensitivity
+from optuna_quant.measure.sensitivity import REVERT_TIMING
+from optuna_quant.measure.sensitivity import ScopeError
+from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.model_io import Feed
+from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.trial.scoring import choice_scores
+from optuna_quant.trial.scoring import revert_order
+from optuna_quant.trial.space import LAYER_PREFIX
+from optuna_quant.trial.space import SearchSpace
+
+if TYPE_CHECKING:
+    from optuna_quant.trial.objective import QuantizationObjective
+
+_logger = logging.getLogger("optuna_quant")
+
+MAX_STARTUP_TRIALS = 5
+"""Start-up trials queued at most; fewer on a small budget (one per four trials of it)."""
+
+
+def scope_combinations(distributions: Mapping[str, CategoricalDistribution]) -> list[dict[str, Any]]:
+    """Every combination of the choices of the parameters other than layers, the first choices first.
+
+    Example:
+        >>> from optuna.distributions import CategoricalDistribution as C
+        >>> scope_combinations({"layer:a": C(["int8", "fp32"]), "granularity": C(["per_channel", "per_tensor"])})
+        [{'granularity': 'per_channel'}, {'granularity': 'per_tensor'}]
+    """
+    names = [name for name in distributions if not name.startswith(LAYER_PREFIX)]
+    product = itertools.product(*(distributions[name].choices for name in names))
+    return [dict(zip(names, values)) for values in product]
+
+
+def measure_space(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    feeds: Sequence[Feed],
+    space: SearchSpace,
+    *,
+    n_samples: int = 32,
+    profile_runs: int = 20,
+    settings: BenchmarkSettings | None = None,
+    revert_timing: BenchmarkSettings | None = REVERT_TIMING,
+    timing_feed: Feed | None = None,
+) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
+    """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
+    then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
+
+    The scope errors cost one quantized model per combination (120 for every scope on a model
+    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    :func:`measure_sensitivity` says, which ``timing_feed`` is passed to.
+
+    Returns:
+        The scope errors (the reference's first) and the layers' sensitivity, the two measurements
+        :func:`choice_scores` takes.
+
+    Example:
+        >>> errors, sens = measure_space(model, quantizer, feeds, space)  # doctest: +SKIP
+        >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
+    """
+
+    def to_config(params: Mapping[str, Any]) -> QuantConfig:
+        return space.to_config({**space.default_params(), **params})
+
+    combinations = scope_combinations(space.distributions())
+    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    if "layer" not in space.scopes:
+        return errors, {}  # no layer is searched: their sensitivity would guide nothing
+    sens = measure_sensitivity(
+        fp32_model,
+        quantizer,
+        feeds,
+        space.nodes,
+        base_config=to_config(lowest_error(errors)["params"]),
+        n_samples=n_samples,
+        profile_runs=profile_runs,
+        settings=settings,
+        revert_timing=revert_timing,
+        timing_feed=timing_feed,
+    )
+    return errors, sens
+
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """The once-per-study measurement that guides the search.
+
+    Attributes:
+        layers: Each searchable layer's sensitivity, measured at the lowest-error combination.
+        scope_errors: The all-int8 output error of each combination of the other scopes, the
+            reference's first.
+        reference_acc_loss: The reference trial's ``acc_loss``, which the prior shares out over
+            the layers.
+        seconds: What measuring it took (a one-off cost of the study).
+    """
+
+    layers: dict[str, LayerSensitivity]
+    scope_errors: list[ScopeError]
+    reference_acc_loss: float
+    seconds: float = 0.0
+
+    def prior(self, targets: Targets, space: SearchSpace) -> dict[str, dict[Any, float]]:
+        """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
+        scores = choice_scores(
+            self.layers,
+            acc_loss=self.reference_acc_loss,
+            accuracy_target=targets.acc_th,
+            scope_errors=self.scope_errors,
+        )
+        names = space.distributions()
+        return {name: by_choice for name, by_choice in scores.items() if name in names}
+
+    def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` configurations to try first, each once: the lowest-error combination of
+        the other scopes with every layer int8; the same with only the layers whose int8 pays on
+        its own in int8 (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above
+        1); then every layer int8 but the most harmful ones, reverted to fp32 one more each time.
+
+        The second comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
+        around it, so a layer can cost much speed when reverted alone and still slow the fp32
+        model when quantized alone; the fastest configuration then keeps such layers in fp32
+        together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
+
+        Configurations equal to the space's default (the reference) are left out.
+        """
+        default = space.default_params()
+        base = {**default, **lowest_error(self.scope_errors)["params"]}
+        candidates = [base]
+        if "layer" in space.scopes:
+            slower = [node for node in space.nodes if (self.layers[node].alone_speedup or math.inf) <= 1.0]
+            # None slower is the base again; all slower, the fp32 model.
+            if 0 < len(slower) < len(space.nodes):
+                candidates.append({**base, **{LAYER_PREFIX + node: "fp32" for node in slower}})
+            reverted: dict[str, Any] = {}
+            # All but one layer at most: every layer in fp32 is the fp32 model again.
+            for node in revert_order(self.layers)[: min(n, len(space.nodes) - 1)]:
+                reverted[LAYER_PREFIX + node] = "fp32"
+                candidates.append({**base, **reverted})
+        unique = [params for i, params in enumerate(candidates) if params not in candidates[:i]]
+        return [params for params in unique if params != default][:n]
+
+    def to_records(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        """The study records: per-layer sensitivity (as the dashboard reads it) and the rest."""
+        layers = {
+            node: {**s.to_dict(), "acc_cost": s.acc_cost, "time_saved_ms": s.time_saved_ms}
+            for node, s in self.layers.items()
+        }
+        rest = {"scope_errors": self.scope_errors, "reference_acc_loss": self.reference_acc_loss, "seconds": self.seconds}
+        return layers, rest
+
+    @classmethod
+    def from_records(cls, layers: Mapping[str, Mapping[str, Any]], rest: Mapping[str, Any]) -> Guidance:
+        """The guidance stored by :meth:`to_records`."""
+        return cls(
+            layers={node: LayerSensitivity.from_dict(data) for node, data in layers.items()},
+            scope_errors=list(rest["scope_errors"]),
+            reference_acc_loss=float(rest["reference_acc_loss"]),
+            seconds=float(rest.get("seconds", 0.0)),
+        )
+
+
+def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float) -> Guidance:
+    """Measure the guidance of ``objective``'s space on its prepared model and calibration data."""
+    _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
+    start = time.perf_counter()
+    scope_errors, layers = measure_space(
+        objective.prepared.prepared,
+        objective.quantizer,
+        objective.feeds,
+        objective.space,
+        settings=objective.benchmark,
+        timing_feed=objective.latency_feed,
+    )
+    seconds = time.perf_counter() - start
+    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
+    return Guidance(layers, scope_errors, reference_acc_loss, seconds)
+
+
+def guide_study(objective: QuantizationObjective, study: optuna.Study, reference_acc_loss: float) -> None:
+    """Measure and store the guidance, and queue the start-up trials (the reference's worker)."""
+    if records.stored_guidance(study) is not None:
+        return  # a worker killed after storing it had its reference run again: measured already
+    guidance = measure_guidance(objective, reference_acc_loss)
+    with objective.lock():
+        if records.stored_guidance(study) is not None:
+            return  # another worker's retry of the reference stored it meanwhile
+        records.store_guidance(study, *guidance.to_records())
+        budget = objective.max_trials
+        n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
+        for params in guidance.startup_params(objective.space, n):
+            study.enqueue_trial(params, skip_if_exists=True)
+
+
+def stored(study: optuna.Study) -> Guidance | None:
+    """The study's guidance, or ``None`` before it is measured (or in a study without it)."""
+    found = records.stored_guidance(study)
+    return None if found is None else Guidance.from_records(*found)
+
+
+def set_prior(sampler: optuna.samplers.BaseSampler, study: optuna.Study, targets: Targets, space: SearchSpace) -> bool:
+    """Give ``sampler`` the study's prior, where it takes one and the study has it.
+
+    Returns:
+        Whether this is settled: the prior was set, or the sampler takes none (Optuna's do not);
+        ``False`` while the study has no guidance yet, so that the caller asks again.
+    """
+    if not hasattr(sampler, "set_prior"):
+        return True
+    guidance = stored(study)
+    if guidance is None:
+        return False
+    sampler.set_prior(guidance.prior(targets, space))
+    return True

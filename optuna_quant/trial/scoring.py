@@ -1,0 +1,180 @@
+"""The prior over the choices, from the measured sensitivity: what samplers get as ``set_prior``.
+
+:func:`choice_scores` scores each choice of the other parameters by its all-int8 output error and
+each layer's ``fp32``/``int8`` by what its revert buys against what it costs;
+:func:`revert_order` orders the layers for the start-up trials that put them back to fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from optuna_quant.measure.sensitivity import LayerSensitivity
+from optuna_quant.measure.sensitivity import lowest_error
+from optuna_quant.measure.sensitivity import ScopeError
+from optuna_quant.trial.space import LAYER_PREFIX
+
+SCORE_RANGE = (0.1, 0.9)
+"""The lowest and highest score of a choice of the other parameters: a prior, never a verdict."""
+LAYER_SCORE_RANGE = (0.05, 0.95)
+"""The lowest and highest score of a layer's choice."""
+MATERIAL_BENEFIT = 0.05
+"""What a revert must buy (accuracy in targets, or speed as a share of the speed-up) to matter:
+one that buys half this has a third of the odds its gain and cost alone would give."""
+
+def _saving(s: LayerSensitivity) -> float:
+    return s.time_saved_ms if s.revert_cost is None else s.revert_cost
+
+
+def _harm_key(s: LayerSensitivity) -> tuple[int, float]:
+    # A layer that int8 does not speed up has nothing to trade its accuracy cost against: first.
+    saving = _saving(s)
+    if saving <= 0:
+        return (0, -s.acc_cost)
+    return (1, -s.acc_cost / saving)
+
+
+def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
+    """Layers in the order start-up trials should put them back to fp32: most harm per time saved first.
+
+    The time a layer's int8 saves is its :attr:`~LayerSensitivity.revert_cost` where measured,
+    else its profiled :attr:`~LayerSensitivity.time_saved_ms`. Layers that int8 does not speed
+    up come first (by accuracy cost), then the others by ``acc_cost / saving``, highest first.
+
+    Example:
+        >>> sens = {
+        ...     "a": LayerSensitivity(0.01, 0.01, 1.0, 0.5),   # 0.02 per ms
+        ...     "b": LayerSensitivity(0.10, 0.10, 1.0, 0.8),   # 0.5 per ms
+        ...     "c": LayerSensitivity(0.00, 0.00, 0.1, 0.2),   # slower in int8
+        ... }
+        >>> revert_order(sens)
+        ['c', 'b', 'a']
+    """
+    return sorted(sens, key=lambda n: _harm_key(sens[n]))
+
+
+def layer_scores(gain: float, cost: float) -> dict[str, float]:
+    """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
+
+    ``gain``: the accuracy loss it saves, in accuracy targets; ``cost``: the share of the
+    speed-up it loses (negative when the revert is faster). The odds of fp32 are
+    ``exp(4 (gain - cost))``, discounted by ``benefit / (benefit + MATERIAL_BENEFIT)`` where
+    ``benefit`` is what the revert buys (``gain``, plus the speed when it is faster); fp32 scores
+    those odds as a probability within :data:`LAYER_SCORE_RANGE`, int8 the rest. Reverting is
+    likely good when it buys more accuracy than it costs speed, and unlikely when it buys nothing:
+    on a model of many layers, each of which costs little speed, the layers that do not matter
+    stay int8 instead of being drawn half the time.
+
+    Example:
+        >>> layer_scores(0.5, 0.25)
+        {'fp32': 0.7119, 'int8': 0.2881}
+        >>> layer_scores(0.0, 0.02)   # buys nothing: int8
+        {'fp32': 0.05, 'int8': 0.95}
+    """
+    benefit = max(gain, 0.0) + max(-cost, 0.0)
+    odds = np.exp(4.0 * (gain - cost)) * benefit / (benefit + MATERIAL_BENEFIT)
+    fp32 = float(np.clip(odds / (1.0 + odds), *LAYER_SCORE_RANGE))
+    return {"fp32": round(fp32, 4), "int8": round(1.0 - fp32, 4)}
+
+
+def scope_scores(
+    scope_errors: Sequence[ScopeError], *, acc_loss: float | None = None, accuracy_target: float | None = None
+) -> dict[str, dict[Any, float]]:
+    """Scores of the choices of the other parameters, from the lowest all-int8 error of any
+    combination with each choice, within :data:`SCORE_RANGE`.
+
+    A choice scores ``lowest error / its error``: the choices that quantize with the least error
+    lead; one ten times worse is unlikely. When the reference (the first entry) meets the
+    ``accuracy_target`` with its ``acc_loss`` (fractions), a choice scores ``target / its predicted
+    loss`` instead, the loss predicted as ``acc_loss`` times its error over the reference's, and
+    the highest where that meets the target: error then matters only where it would miss the
+    target, and the choices are left to the speed (on a model whose all-int8 loss is negative,
+    every choice ties). Where the reference misses the target the lowest error leads: predicted
+    that way, the sampler tables' few feasible choices tied with many infeasible ones
+    (docs/benchmarks.md).
+
+    Example:
+        >>> errors = [{"params": {"g": "c"}, "error": 0.01}, {"params": {"g": "t"}, "error": 0.04}]
+        >>> scope_scores(errors)
+        {'g': {'c': 0.9, 't': 0.25}}
+        >>> scope_scores(errors, acc_loss=0.002, accuracy_target=0.01)  # t's 0.008: within it too
+        {'g': {'c': 0.9, 't': 0.9}}
+        >>> scope_scores(errors, acc_loss=0.004, accuracy_target=0.01)  # t's 0.016 misses it
+        {'g': {'c': 0.9, 't': 0.625}}
+    """
+    best: dict[str, dict[Any, float]] = {}
+    for entry in scope_errors:
+        for name, choice in entry["params"].items():
+            by_choice = best.setdefault(name, {})
+            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
+    lowest = lowest_error(scope_errors)["error"]
+    reference = scope_errors[0]["error"]
+
+    def score(error: float) -> float:
+        if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
+            return lowest / error if error > 0 else 1.0
+        predicted = max(acc_loss, 0.0) * error / reference
+        return accuracy_target / predicted if predicted > accuracy_target else 1.0
+
+    return {
+        name: {choice: round(float(np.clip(score(error), *SCORE_RANGE)), 4) for choice, error in by_choice.items()}
+        for name, by_choice in best.items()
+    }
+
+
+def choice_scores(
+    sens: Mapping[str, LayerSensitivity],
+    *,
+    acc_loss: float,
+    accuracy_target: float,
+    scope_errors: Sequence[ScopeError] = (),
+) -> dict[str, dict[Any, float]]:
+    """A prior for samplers, ``{parameter: {choice: score in (0, 1)}}``, from the measurements.
+
+    - The other parameters (those of ``scope_errors``, named as there): :func:`scope_scores`
+      with ``acc_loss`` and ``accuracy_target``.
+    - Each layer (``"layer:<node>"``): :func:`layer_scores` of what reverting it buys and costs.
+      The all-int8 configuration's accuracy loss is shared out over the layers as their output
+      error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
+      summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units of
+      ``accuracy_target`` (nothing when that loss, or the error it recovers, is negative); it
+      costs its measured :attr:`~LayerSensitivity.revert_cost`.
+
+    Args:
+        sens: The layers' sensitivity, with ``revert_cost`` measured, at the lowest-error
+            combination of ``scope_errors`` (or at the reference when there are none).
+        acc_loss: The reference's relative accuracy loss (a fraction: 0.02 for 2 %). With
+            ``scope_errors``, the loss at the lowest-error combination is predicted from it,
+            scaled by the ratio of the two errors (the first entry is the reference's).
+        accuracy_target: The largest acceptable relative accuracy loss, as a fraction.
+        scope_errors: :func:`measure_scope_errors`' result; none: layers only.
+
+    Raises:
+        ValueError: If ``accuracy_target`` is not positive or a layer has no ``revert_cost``.
+
+    Example:
+        >>> sens = {"a": LayerSensitivity(0.03, 0.03, 0.1, 0.05, 0.05), "b": LayerSensitivity(0.01, 0.0, 0.1, 0.05, 0.3)}
+        >>> choice_scores(sens, acc_loss=0.02, accuracy_target=0.01)
+        {'layer:a': {'fp32': 0.95, 'int8': 0.05}, 'layer:b': {'fp32': 0.05, 'int8': 0.95}}
+    """
+    if not accuracy_target > 0:
+        raise ValueError(f"accuracy_target must be a positive fraction, got {accuracy_target!r}.")
+    unmeasured = [node for node, s in sens.items() if s.revert_cost is None]
+    if unmeasured:
+        raise ValueError(f"Layers {unmeasured} have no revert_cost; measure them with revert_timing set.")
+    scores: dict[str, dict[Any, float]] = {}
+    if scope_errors:
+        scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))
+        reference = scope_errors[0]["error"]
+        acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
+    # A configuration that loses nothing leaves no accuracy to buy back; a revert that adds
+    # output error (noise) buys none either.
+    acc_loss = max(acc_loss, 0.0)
+    total = sum(max(s.error_alone, 0.0) for s in sens.values())
+    for node, s in sens.items():
+        gain = acc_loss * max(s.error_recovered, 0.0) / total / accuracy_target if total > 0 else 0.0
+        scores[LAYER_PREFIX + node] = layer_scores(gain, s.revert_cost)  # type: ignore[arg-type]
+    return scores

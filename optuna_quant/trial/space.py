@@ -1,0 +1,214 @@
+"""The Optuna search space of a model: which nodes fall back to fp32, and how to quantize.
+
+Five tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
+
+- ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback);
+- ``range_estimator``: the activation calibration method;
+- ``granularity``: weights per-channel or per-tensor;
+- ``mode``: two parameters, ``activation_mode`` and ``weight_mode``, each symmetric or
+  asymmetric. Asymmetric activations are uint8; symmetric ones are int8 (symmetric uint8 would
+  force zero point 128 and waste half the range after a ReLU). Weights are int8 either way, with
+  zero point 0 when symmetric (uint8 weights ran at half the speed on the demo model);
+- ``op_types``: which operator types get Q/DQ (:func:`optuna_quant.quantization.config.op_type_sets`): only the compute-heavy
+  ones, onnxruntime's QDQ registry, or everything ``quantize_static`` quantizes by default.
+
+Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
+recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
+compute-heavy operators only), so that the default configuration (every node int8, first choice
+of every other scope) is the reference trial of the loss. Scopes that are switched off keep the
+value of the space's ``base`` configuration, which is how ``fine_tune`` narrows a space around an
+earlier best result.
+
+Example:
+    >>> space = SearchSpace(nodes=("conv1", "fc"), scopes=frozenset({"layer", "granularity"}))
+    >>> sorted(space.distributions())
+    ['granularity', 'layer:conv1', 'layer:fc']
+    >>> config = space.to_config({"layer:conv1": "fp32", "layer:fc": "int8", "granularity": "per_tensor"})
+    >>> config.fallback, config.per_channel, config.activation_symmetric, config.weight_symmetric
+    (frozenset({'conv1'}), False, False, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import onnx
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import BaseTrial
+
+from optuna_quant.quantization.config import ACTIVATION_MODES
+from optuna_quant.quantization.config import GRANULARITIES
+from optuna_quant.quantization.config import op_type_choices
+from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
+from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
+from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.config import RANGE_ESTIMATORS
+from optuna_quant.quantization.config import subgraph_quantizable_nodes
+from optuna_quant.quantization.config import WEIGHT_MODES
+
+SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types")
+LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
+LAYER_PREFIX = "layer:"
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The tunable part of :class:`QuantConfig` for one model.
+
+    Args:
+        nodes: Quantizable nodes that the ``layer`` scope may keep in fp32.
+        scopes: The tuning scopes that vary; the others keep ``base``'s values.
+        base: The configuration that switched-off scopes take their values from.
+        op_types: The choices of the ``op_types`` scope (among :data:`~optuna_quant.quantization.config.OP_TYPE_SET_NAMES`).
+    """
+
+    nodes: tuple[str, ...]
+    scopes: frozenset[str] = frozenset(SCOPES)
+    base: QuantConfig = field(default_factory=QuantConfig)
+    op_types: tuple[str, ...] = OP_TYPE_SET_NAMES
+
+    def __post_init__(self) -> None:
+        unknown = set(self.scopes) - set(SCOPES)
+        if unknown:
+            raise ValueError(f"Unknown tuning scope(s) {sorted(unknown)}; choose from {SCOPES}.")
+        if not self.scopes:
+            raise ValueError("At least one tuning scope must be switched on.")
+        if "layer" in self.scopes and not self.nodes:
+            raise ValueError("The 'layer' scope is on but no node is tunable.")
+        foreign = [name for name in self.op_types if name not in OP_TYPE_SET_NAMES]
+        if foreign or not self.op_types:
+            raise ValueError(f"op_types choices {list(self.op_types)} must be among {OP_TYPE_SET_NAMES}.")
+
+    @classmethod
+    def from_model(
+        cls,
+        model: onnx.ModelProto,
+        scopes: Iterable[str] = SCOPES,
+        nodes: Iterable[str] | None = None,
+    ) -> SearchSpace:
+        """The space of ``model``: every quantizable node, or only ``nodes``.
+
+        Build it from the model that is quantized (the prepared one, see
+        :func:`optuna_quant.quantization.prepare.prepare_model`): preparation renames and removes nodes.
+
+        Raises:
+            ValueError: If the model has no quantizable node in its top-level graph (the message
+                names those inside ``If``/``Loop``/``Scan`` bodies), or ``nodes`` names a node that
+                is not a quantizable node of the model.
+        """
+        available = quantizable_nodes(model)
+        if not available:
+            inside = subgraph_quantizable_nodes(model)
+            where = (
+                f"; {len(inside)} sit inside If/Loop/Scan bodies ({', '.join(inside[:5])}"
+                f"{', ...' if len(inside) > 5 else ''}), which onnxruntime's quantizer does not reach"
+                if inside
+                else ""
+            )
+            raise ValueError(
+                f"The model has no quantizable node (op types {', '.join(QUANTIZABLE_OP_TYPES)}) "
+                f"in its top-level graph{where}."
+            )
+        if nodes is None:
+            chosen = available
+        else:
+            chosen = tuple(nodes)
+            missing = [name for name in chosen if name not in available]
+            if missing:
+                raise ValueError(
+                    f"Node(s) {missing} are not quantizable nodes of the model; "
+                    f"quantizable nodes are {list(available)}."
+                )
+        return cls(nodes=chosen, scopes=frozenset(scopes), op_types=op_type_choices(model))
+
+    def distributions(self) -> dict[str, CategoricalDistribution]:
+        """The Optuna distributions of the space, by parameter name."""
+        dists: dict[str, CategoricalDistribution] = {}
+        if "layer" in self.scopes:
+            for node in self.nodes:
+                dists[LAYER_PREFIX + node] = CategoricalDistribution(LAYER_CHOICES)
+        if "range_estimator" in self.scopes:
+            dists["range_estimator"] = CategoricalDistribution(RANGE_ESTIMATORS)
+        if "granularity" in self.scopes:
+            dists["granularity"] = CategoricalDistribution(GRANULARITIES)
+        if "mode" in self.scopes:
+            dists["activation_mode"] = CategoricalDistribution(ACTIVATION_MODES)
+            dists["weight_mode"] = CategoricalDistribution(WEIGHT_MODES)
+        if "op_types" in self.scopes:
+            dists["op_types"] = CategoricalDistribution(self.op_types)
+        return dists
+
+    def suggest(self, trial: BaseTrial) -> dict[str, Any]:
+        """Ask ``trial`` for every parameter of the space, in a fixed order."""
+        return {
+            name: trial.suggest_categorical(name, dist.choices)
+            for name, dist in self.distributions().items()
+        }
+
+    def default_params(self) -> dict[str, Any]:
+        """The reference configuration's parameters: the first choice of each."""
+        return {name: dist.choices[0] for name, dist in self.distributions().items()}
+
+    def to_config(self, params: Mapping[str, Any]) -> QuantConfig:
+        """The configuration that ``params`` describe within this space.
+
+        Raises:
+            ValueError: If a parameter is missing or has a value outside its choices.
+        """
+        for name, dist in self.distributions().items():
+            if name not in params:
+                raise ValueError(f"Parameter {name!r} is missing from {dict(params)!r}.")
+            if params[name] not in dist.choices:
+                raise ValueError(f"Parameter {name!r} has value {params[name]!r}, not one of {dist.choices}.")
+        config = self.base
+        if "layer" in self.scopes:
+            fallback = {n for n in self.nodes if params[LAYER_PREFIX + n] == "fp32"}
+            config = replace(config, fallback=frozenset(fallback | (config.fallback - set(self.nodes))))
+        if "range_estimator" in self.scopes:
+            config = replace(config, range_estimator=params["range_estimator"])
+        if "granularity" in self.scopes:
+            config = replace(config, per_channel=params["granularity"] == "per_channel")
+        if "mode" in self.scopes:
+            config = replace(
+                config,
+                activation_symmetric=params["activation_mode"] == "symmetric",
+                weight_symmetric=params["weight_mode"] == "symmetric",
+            )
+        if "op_types" in self.scopes:
+            config = replace(config, op_types=params["op_types"])
+        return config
+
+    def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
+        """A space around ``best`` in which only ``scopes`` vary (POT's ``fine_tune``)."""
+        return replace(self, scopes=frozenset(scopes), base=best)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The space as JSON-serialisable data, stored with the study."""
+        return {
+            "nodes": list(self.nodes),
+            "scopes": sorted(self.scopes),
+            "op_types": list(self.op_types),
+            "base": {
+                "fallback": sorted(self.base.fallback),
+                "range_estimator": self.base.range_estimator,
+                "per_channel": self.base.per_channel,
+                "activation_symmetric": self.base.activation_symmetric,
+                "weight_symmetric": self.base.weight_symmetric,
+                "op_types": self.base.op_types,
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchSpace:
+        """The space stored by :meth:`to_dict`."""
+        base = dict(data["base"])
+        base["fallback"] = frozenset(base["fallback"])
+        return cls(
+            nodes=tuple(data["nodes"]),
+            scopes=frozenset(data["scopes"]),
+            base=QuantConfig(**base),
+            op_types=tuple(data["op_types"]),
+        )

@@ -1,0 +1,108 @@
+"""optuna-dashboard on a study's storage: the live view of a run, with the study's own figures.
+
+:class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
+:mod:`optuna_quant.visualization.figures` in the study after every trial, where optuna-dashboard shows them on
+the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
+``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
+
+Example:
+    >>> study.optimize(n_trials=40, callbacks=[DashboardFigures()])             # doctest: +SKIP
+    >>> study_url("sqlite:///demo.db", "mnist-cnn-int8", "127.0.0.1", 8080)   # doctest: +SKIP
+    'http://127.0.0.1:8080/dashboard/studies/1'
+    >>> serve("sqlite:///demo.db", port=8080)                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+import time
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
+
+from optuna_quant.visualization.figures import study_figures
+from optuna_quant.storages.rdb import open_storage
+
+_logger = logging.getLogger("optuna_quant")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def study_url(
+    storage: str | BaseStorage, study_name: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+) -> str:
+    """The dashboard page of ``study_name``.
+
+    Raises:
+        KeyError: If the storage holds no study of that name.
+        optuna_quant.storages.rdb.StorageError: If ``storage`` is a URL that cannot be opened.
+    """
+    study_id = open_storage(storage).get_study_id_from_name(study_name)
+    return f"http://{host}:{port}/dashboard/studies/{study_id}"
+
+
+def serve(
+    storage: str | BaseStorage,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    artifact_dir: str | Path | None = None,
+) -> None:
+    """Run optuna-dashboard on ``storage`` until interrupted (it blocks).
+
+    Args:
+        storage: The storage URL or object.
+        host: The address to listen on; ``0.0.0.0`` serves other machines.
+        port: The port to listen on.
+        artifact_dir: The study's artifact store, where the best models are offered for download.
+    """
+    # Imported here: the dashboard's web stack is needed by this command only.
+    from optuna_dashboard import run_server
+
+    store = None if artifact_dir is None else FileSystemArtifactStore(artifact_dir)
+    run_server(storage, host=host, port=port, artifact_store=store)
+
+
+def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> list[str]:
+    """Store the figures of :func:`optuna_quant.visualization.figures.study_figures` in ``study`` for
+    optuna-dashboard, each under its stable id (a later call replaces them); return the ids.
+
+    Args:
+        study: The study.
+        stored: The figures' JSON as last stored, by id: an unchanged figure (the sensitivity,
+            mostly) is not written again. Updated in place.
+    """
+    from optuna_dashboard import save_plotly_graph_object
+
+    stored = {} if stored is None else stored
+    figures = study_figures(study)
+    for figure_id, figure in figures.items():
+        text = figure.to_json()
+        if stored.get(figure_id) != text:
+            save_plotly_graph_object(study, figure, graph_object_id=figure_id)
+            stored[figure_id] = text
+    return list(figures)
+
+
+class DashboardFigures:
+    """An ``optimize`` callback: after every trial, the study's figures are stored again for
+    optuna-dashboard (those that changed).
+
+    Attributes:
+        seconds: Time spent storing figures, per call, for a run's cost report.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._stored: dict[str, str] = {}
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        start = time.perf_counter()
+        try:
+            save_figures(study, self._stored)
+        except Exception as err:  # a chart is never worth a worker: the study goes on without it
+            _logger.warning("Could not store the dashboard's figures after trial %d: %r", trial.number, err)
+        self.seconds.append(time.perf_counter() - start)

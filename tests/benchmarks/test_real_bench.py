@@ -1,0 +1,221 @@
+"""The real-model benchmark's harness: evaluation data, shipped models, baselines and the runner.
+
+The models are the files the pinned wheels ship (``benchmarks/real_models/requirements.txt``); a
+test whose wheel or system tool (espeak-ng, fonts) is missing is skipped and says which. Sizes are
+tiny: these check that each piece does what the benchmark relies on, not the benchmark's figures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from benchmarks.real_models import run
+from benchmarks.real_models.base import session
+from benchmarks.real_models.baselines import BASELINES, layer_counts, measure
+from benchmarks.real_models.text import char_accuracy, fonts, render_lines
+from benchmarks.real_models.workloads import build
+from optuna_quant.measure.latency import BenchmarkSettings
+
+FAST = BenchmarkSettings(threads=1, warmup=1, blocks=2, min_seconds=0.02)
+
+
+def needs(*packages: str, tool: str | None = None) -> pytest.MarkDecorator:
+    """Skip unless the packages are installed (and ``tool`` is on PATH)."""
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if tool is not None and shutil.which(tool) is None:
+        missing.append(tool)
+    return pytest.mark.skipif(bool(missing), reason=f"needs {missing} (benchmarks/real_models/requirements.txt)")
+
+
+def test_rendered_lines_differ_by_text_and_fill_the_canvas() -> None:
+    fonts()  # raises, naming the packages, where the machine has none
+    a, b = render_lines(["ab12", "xy89"], height=48, width=160, seed=0)
+    assert a.shape == b.shape == (48, 160) and a.dtype == np.uint8
+    assert not np.array_equal(a, b)
+    ink = np.argwhere(a < 128)
+    assert ink[:, 0].min() > 0 and ink[:, 0].max() < 47, "glyphs stay inside the line"
+    assert char_accuracy("abcd", "abcd") == 1.0 and char_accuracy("abcd", "") == 0.0
+
+
+@needs("ddddocr")
+def test_ddddocr_reads_the_rendered_lines_in_fp32() -> None:
+    workload = build("ddddocr", n_eval=12, n_calibration=1)
+    assert workload.eval_fn(session(workload.onnx_model())) >= 0.9
+    workload.eval_fn.images = [np.ones_like(image) for image in workload.eval_fn.images]
+    assert workload.eval_fn(session(workload.onnx_model())) < 0.2, "a blank line cannot score"
+
+
+@needs("rapidocr_onnxruntime")
+def test_ppocr_charset_comes_from_the_model_and_reads_the_lines() -> None:
+    workload = build("ppocr", n_eval=8, n_calibration=1)
+    assert len(workload.eval_fn.charset) == 6625  # the classes of the model's output
+    assert workload.eval_fn(session(workload.onnx_model())) >= 0.85
+
+
+@needs("facenet_pytorch", "torch")
+def test_mtcnn_networks_load_the_shipped_weights_and_tell_drawn_faces() -> None:
+    import torch
+
+    from benchmarks.real_models.faces import mtcnn_network
+    from benchmarks.real_models.wheels import shipped_file
+
+    net = mtcnn_network("RNet")
+    shipped = torch.load(shipped_file("facenet_pytorch", "data/rnet.pt"))
+    assert shipped and all(torch.equal(net.state_dict()[k], v) for k, v in shipped.items())
+    workload = build("mtcnn_rnet", n_eval=32, n_calibration=2)
+    assert workload.eval_fn(session(workload.onnx_model())) == 1.0, "fp32 agrees with itself"
+    assert workload.info["fp32_accuracy_vs_drawn_labels"] >= 0.8, "RNet calls drawn faces faces"
+
+
+@needs("silero_vad", tool="espeak-ng")
+def test_vad_ground_truth_marks_the_speech_and_fp32_follows_it() -> None:
+    from benchmarks.real_models.speech import FRAME, espeak, frame_labels
+
+    speech = np.concatenate([np.zeros(20 * FRAME, np.float32), espeak("hello there", "en-us", 160, 50)])
+    labels = frame_labels(np.concatenate([speech, np.zeros(20 * FRAME, np.float32)]))
+    assert not labels[:15].any() and labels[22:25].all() and not labels[-15:].any()
+    workload = build("silero_vad", n_eval=2, n_calibration=1)
+    assert workload.eval_fn(session(workload.onnx_model())) >= 0.85
+
+
+@needs("silero_vad", tool="espeak-ng")
+@pytest.mark.parametrize("name", ["ort_default", "ort_preprocessed"])
+def test_baselines_quantize_and_leave_the_workloads_model_usable(name: str) -> None:
+    workload = build("silero_vad", n_eval=2, n_calibration=2)
+    int8, _ = BASELINES[name](workload)
+    result = measure(workload, int8, FAST)
+    assert result["int8_layers"] == 6 and result["fp32_layers"] == 0  # the model's six Convs
+    assert result["lat_diff"] > 0 and np.isfinite(result["acc_loss"])
+    # onnxruntime's tools move a ModelProto's weights out in place; the workload's copy must survive.
+    assert workload.eval_fn(session(workload.onnx_model())) == result["fp32_accuracy"]
+
+
+@pytest.mark.slow
+@needs("silero_vad", "nncf", tool="espeak-ng")
+def test_nncf_baseline_keeps_the_drop_it_was_given() -> None:
+    workload = build("silero_vad", n_eval=3, n_calibration=2)
+    int8, _ = BASELINES["nncf"](workload)
+    result = measure(workload, int8, FAST)
+    assert result["int8_layers"] + result["fp32_layers"] == 6
+    assert result["acc_loss"] <= 0.01  # NNCF judged the drop with this very eval_fn
+
+
+def test_layer_counts_tell_quantized_from_fp32_layers() -> None:
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s"], ["x"]),
+        helper.make_node("Conv", ["x", "w"], ["y"]),
+        helper.make_node("Gemm", ["y", "v"], ["z"]),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    assert layer_counts(model) == {"int8_layers": 1, "fp32_layers": 1}
+
+
+def _trial(number: int, acc_loss: float, lat_diff: float, elapsed: float) -> dict:
+    return {"number": number, "state": "COMPLETE", "acc_loss": acc_loss, "lat_diff": lat_diff, "elapsed_s": elapsed}
+
+
+def _report() -> dict:
+    def study(method: str, seed: int, lat: list[float]) -> dict:
+        trials = [_trial(i, 0.0 if v > 0 else 0.5, abs(v), 10.0 * (i + 1)) for i, v in enumerate(lat)]
+        return {"method": method, "seed": seed, "trials": trials, "peak_rss_mb": 100.0, "wall_s": 50.0,
+                "calibration_s": {"MinMax": 2.0}, "prior_s": None}
+
+    budget = 25
+    fast = [1.0] * 5 + [2.0] + [1.0] * 19  # 2.0 found at trial 6
+    slow = [1.0] * 22 + [2.1] + [1.0] * 2  # 2.1 found only after 20 trials
+    baseline = {"method": "ort_default", "seed": 0, "acc_loss": 0.0, "lat_diff": 1.5, "spread": 0.01, "wall_s": 3.0,
+                "peak_rss_mb": 90.0, "int8_layers": 6, "fp32_layers": 0}
+    lossy = {**baseline, "method": "nncf", "acc_loss": 0.3, "lat_diff": 3.0}
+    return {"model": "toy", "accuracy_loss": 1.0, "latency_reduce": 1.9, "trials": budget,
+            "runs": [study("a", 0, fast), study("a", 1, fast), study("b", 0, slow), study("b", 1, [-3.0] * 25),
+                     baseline, lossy, {"method": "c", "seed": 0, "error": "ValueError: no model"}]}
+
+
+def test_summary_reads_budgets_targets_and_the_issues_bar() -> None:
+    summary = run.summarise(_report())
+    assert summary["best_any"] == 2.1  # the lossy baseline's 3.0 misses the accuracy target
+    a, b = summary["methods"]["a"], summary["methods"]["b"]
+    assert a["best_lat_diff"][10]["median"] == 2.0 and a["best_lat_diff"][25]["median"] == 2.0
+    assert b["best_lat_diff"][20]["median"] is None  # seed 1 never met the accuracy target: worst
+    assert a["trials_to_target"]["median"] == 6 and a["seconds_to_target"]["median"] == 60.0
+    assert a["bar"]["seeds_at_95pct"] == 2 and b["bar"]["seeds_at_95pct"] == 0
+    assert a["bar"]["beats_baselines"] == 2  # 2.0 > ort_default's 1.5
+    assert summary["errors"] == {"c/0": "ValueError: no model"}
+    assert summary["best_any_by_config"] == 2.1 and a["bar"]["seeds_at_95pct_by_config"] == 2  # no params: as read
+    text = run.format_summary(_report())
+    assert "| a | 2 | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 6 [6, 6]" in text
+    assert "c/0 failed: ValueError" in text
+
+
+def test_the_bar_by_configuration_judges_a_configuration_by_the_median_of_its_readings() -> None:
+    # Seed 0 of "b" read its configuration y once at 2.1, a lucky outlier: seeds 1 and 2 read it
+    # 1.9 and 1.9. As read, "a"'s 2.0 after 20 trials is 0.95 of 2.1; by configuration it is the best.
+    report = _report()
+    def with_params(lat: list[float], configs: list[str]) -> list[dict]:
+        return [{**_trial(i, 0.0, v, 1.0), "params": {"c": c}} for i, (v, c) in enumerate(zip(lat, configs))]
+    report["runs"] = [
+        {**report["runs"][0], "trials": with_params([1.0, 2.0], ["x", "z"])},
+        {**report["runs"][2], "trials": with_params([1.0, 2.1], ["x", "y"])},
+        {**report["runs"][2], "seed": 1, "trials": with_params([1.9, 1.9], ["y", "y"])},
+    ]
+    report["trials"] = 2
+    summary = run.summarise(report)
+    assert summary["best_any"] == 2.1 and summary["best_any_by_config"] == 2.0
+    assert summary["methods"]["a"]["bar"]["ratio_at_20"]["median"] == pytest.approx(2.0 / 2.1)
+    assert summary["methods"]["a"]["bar"]["ratio_at_20_by_config"]["median"] == 1.0
+    assert summary["methods"]["b"]["bar"]["ratio_at_20_by_config"]["median"] == pytest.approx(1.9 / 2.0)
+    assert "by configuration (each the median of all its readings): 2.00" in run.format_summary(report)
+
+
+def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:
+    path = tmp_path / "r.json"
+    header = {"model": "toy", "settings": {"sizes": {}}, "accuracy_loss": 1.0, "latency_reduce": 1.2, "trials": 40}
+    report = run.load_report(path, header)
+    run.store(path, report, {"method": "tpe", "seed": 0, "wall_s": 1.0})
+    run.store(path, report, {"method": "tpe", "seed": 0, "wall_s": 2.0})
+    run.store(path, report, {"method": "tpe", "seed": 1, "wall_s": 3.0})
+    stored = json.loads(path.read_text())
+    assert sorted((r["seed"], r["wall_s"]) for r in stored["runs"]) == [(0, 2.0), (1, 3.0)]
+    with pytest.raises(ValueError, match="trials 40, not 20"):
+        run.load_report(path, {**header, "trials": 20})
+    # Runs made apart (another process wrote its own file) merge in, the later ones winning.
+    other = tmp_path / "other.json"
+    run.store(other, run.load_report(other, header), {"method": "tpe", "seed": 1, "wall_s": 4.0})
+    run.store(other, run.load_report(other, header), {"method": "gp", "seed": 0, "wall_s": 5.0})
+    run.merge(path, [other])
+    merged = json.loads(path.read_text())["runs"]
+    assert sorted((r["method"], r["seed"], r["wall_s"]) for r in merged) == [("gp", 0, 5.0), ("tpe", 0, 2.0), ("tpe", 1, 4.0)]
+    bad = tmp_path / "bad.json"
+    run.store(bad, run.load_report(bad, {**header, "latency_reduce": 1.5}), {"method": "gp", "seed": 1, "wall_s": 6.0})
+    with pytest.raises(ValueError, match="latency_reduce 1.5, not 1.2"):
+        run.merge(path, [bad])
+    with pytest.raises(SystemExit):  # the report to merge into must be named
+        run.parse_args(["--merge", str(other)])
+
+
+@pytest.mark.slow
+@needs("silero_vad", tool="espeak-ng")
+def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys) -> None:
+    out = tmp_path / "vad.json"
+    argv = ["--model", "silero_vad", "--seeds", "1", "--trials", "2", "--methods", "tpe+prior,ort_default",
+            "--eval-size", "2", "--calibration-size", "2", "--out", str(out)]
+    report = run.main(argv)
+    study, baseline = report["runs"]
+    assert "error" not in study, study.get("error")
+    assert [t["number"] for t in study["trials"]] == [0, 1] and study["layers"] == 6
+    assert study["prior_s"] > 0  # the study measured its sensitivity after the reference
+    assert all(t["state"] == "COMPLETE" and t["elapsed_s"] > 0 for t in study["trials"])
+    assert study["peak_rss_mb"] >= study["workload_rss_mb"] > 0
+    assert baseline["int8_layers"] == 6 and "error" not in baseline
+    assert json.loads(out.read_text())["runs"] == report["runs"]
+    printed = capsys.readouterr().out
+    assert "| tpe+prior | 1 |" in printed and "| ort_default |" in printed
+    assert report["versions"]["onnx"] == onnx.__version__  # the report names what it ran with

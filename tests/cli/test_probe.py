@@ -1,0 +1,123 @@
+"""The probe: real measurements of the tiny CNN, this machine's onnxruntime, and the advice it gives."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+from onnx import helper
+from onnx import numpy_helper
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import optuna_quant as oq
+from optuna_quant.measure.latency import LatencyResult
+from optuna_quant.trial.objective import Measurement
+from optuna_quant.cli.probe import int8_support
+from optuna_quant.cli.probe import Int8Support
+from optuna_quant.cli.probe import probe
+from optuna_quant.cli.probe import ProbeReport
+from optuna_quant.cli.probe import run_probe
+from optuna_quant.cli.probe import slow_int8_causes
+from optuna_quant.cli.probe import suggest_targets
+
+NO_VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx2",))
+VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx512_vnni", "avx2"))
+
+
+def test_int8_support_reads_the_cpu_flags(tmp_path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512bw avx512_vnni amx_int8\n\n"
+                       "processor\t: 1\nflags\t\t: fpu sse2 avx2 avx512bw avx512_vnni amx_int8\n")
+    support = int8_support(cpuinfo)
+    assert support.instruction_sets == ("amx_int8", "avx512_vnni", "avx512bw", "avx2")
+    assert support.dot_product
+    assert "CPUExecutionProvider" in support.providers and support.onnxruntime_version == ort.__version__
+    arm = tmp_path / "arm"
+    arm.write_text("Features\t: fp asimd asimddp\n")
+    assert int8_support(arm).instruction_sets == ("asimddp",) and int8_support(arm).dot_product
+    assert int8_support(tmp_path / "missing").instruction_sets == ()
+    assert "int8 instructions: none of amx_int8" in int8_support(tmp_path / "missing").describe()
+
+
+def test_suggested_targets_follow_the_reference() -> None:
+    accuracy_loss, latency_reduce, (why_accuracy, why_latency) = suggest_targets(0.0674, 2.19, 0.015)
+    assert (accuracy_loss, latency_reduce) == (1.0, 2.05)  # 2.19 less 5 %, rounded down to 0.05
+    assert "loses 6.74 %" in why_accuracy and "ask for 6.8" in why_accuracy
+    assert "a little under the reference's 2.19x" in why_latency
+    # A noisy speed-up leaves twice its spread.
+    assert suggest_targets(0.002, 2.0, 0.1)[1] == 1.6
+    assert "within 1 %" in suggest_targets(0.002, 2.0, 0.1)[2][0]
+    slower = suggest_targets(0.0, 0.85, 0.02)
+    assert slower[:2] == (1.0, 1.0) and "int8 is not faster than fp32 here (lat_diff 0.85x)" in slower[2][1]
+
+
+def _with_batch_norm(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with an identity BatchNormalization after its first Conv, not folded."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    channels = next(i for i in model.graph.initializer if i.name == conv.input[1]).dims[0]
+    names = ["bn_scale", "bn_bias", "bn_mean", "bn_var"]
+    for name, value in zip(names, (1.0, 0.0, 0.0, 1.0)):
+        model.graph.initializer.append(numpy_helper.from_array(np.full(channels, value, np.float32), name))
+    output = conv.output[0]
+    conv.output[0] = output + "_pre_bn"
+    index = list(model.graph.node).index(conv)
+    model.graph.node.insert(index + 1, helper.make_node("BatchNormalization", [conv.output[0], *names], [output]))
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_slow_int8_causes_found_in_the_model_come_first(cnn) -> None:
+    causes = slow_int8_causes(cnn, VNNI)
+    # The tiny CNN: narrow layers, nothing else.
+    assert causes[0] == "narrow layers: the widest has 16 output channels; int8 pays from about 64 channels"
+    assert all(c.startswith("(not the cause here)") for c in causes[1:])
+    causes = slow_int8_causes(_with_batch_norm(cnn), NO_VNNI)
+    assert causes[0].startswith("this CPU has no int8 dot-product instructions")
+    assert causes[1].startswith("unfolded BatchNormalization (1 in this model)")
+
+
+def test_run_probe_measures_fp32_and_the_reference(cnn_path, calib, agreement, fast_bench) -> None:
+    objective = oq.QuantizationObjective(str(cnn_path), calib, agreement, benchmark=fast_bench)
+    report = run_probe(objective)
+    assert report.fp32_accuracy == 1.0 == objective.fp32_accuracy  # kept for a study on this objective
+    # The reference is the default configuration: its accuracy is that configuration's, measured again.
+    assert report.acc_loss == objective.measure(objective.space.default_params()).acc_loss
+    latency = report.reference.latency
+    assert latency.fp32_ms > 0 and latency.int8_ms > 0
+    assert report.lat_diff == pytest.approx(latency.fp32_ms / latency.int8_ms, rel=0.5)
+    assert report.support == int8_support()
+    text = report.report()
+    assert f"accuracy {report.fp32_accuracy:.4f}, latency {latency.fp32_ms:.3f} ms per run" in text
+    assert f"lat_diff {report.lat_diff:.2f}x" in text and "Suggested targets" in text
+    assert ("int8 is not faster than fp32 here" in text) == (report.lat_diff <= 1.0)
+
+
+def test_probe_from_arguments_like_create_study(cnn_path, calib, agreement, fast_bench) -> None:
+    report = probe(str(cnn_path), calib, eval_data=(agreement.inputs, agreement.labels),
+                   benchmark={"warmup": 2, "blocks": 3, "min_seconds": 0.03}, metrics=1.0)
+    assert report.fp32_accuracy == 1.0
+    with pytest.raises(ValueError, match="exactly one of eval_fn and eval_data"):
+        probe(str(cnn_path), calib)
+
+
+def test_report_says_why_int8_is_slow_and_shows_the_sensitivity() -> None:
+    reference = Measurement(accuracy=0.8991, acc_loss=0.001, latency=LatencyResult(1.0, 1.25, 0.8, 0.02),
+                            quantize_seconds=0.1, eval_seconds=0.1, latency_seconds=1.0)
+    report = ProbeReport(
+        fp32_accuracy=0.9, reference=reference, support=NO_VNNI, suggested_accuracy_loss=1.0, suggested_latency_reduce=1.0,
+        reasons=("a", "b"), slow_int8_causes=("cause one", "cause two"), sensitivity=None, seconds=2.0,
+    )
+    text = report.report()
+    assert "lat_diff 0.80x ± 2.0 % (1.250 ms per run)" in text
+    assert "int8 is not faster than fp32 here (lat_diff 0.80x). Usual causes:\n    - cause one\n    - cause two" in text
+    assert "sensitive" not in text
+    sensitive = dataclasses.replace(report, sensitivity={
+        "conv1": {"acc_cost": 0.01, "time_saved_ms": 0.2}, "fc": {"acc_cost": 0.03, "time_saved_ms": 0.05},
+    })
+    lines = sensitive.report().splitlines()
+    start = lines.index("  most sensitive layers (accuracy cost of int8, time it saves):")
+    assert lines[start + 1].split() == ["fc", "acc_cost", "0.0300", "time_saved", "0.050", "ms"]
+    assert lines[start + 2].split()[0] == "conv1"

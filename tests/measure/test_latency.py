@@ -1,0 +1,103 @@
+"""The paired latency measurement on real onnxruntime sessions: statistic, contention and re-timing.
+
+How well it holds under a competing job is a benchmark (benchmarks/bench_latency.py), not a
+timed test: these tests assert only what no load on the machine can change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import LatencyResult
+from optuna_quant.measure.latency import measure_latency
+
+
+@pytest.fixture(scope="module")
+def sessions(cnn: onnx.ModelProto) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    options = BenchmarkSettings().session_options()
+    serialized = cnn.SerializeToString()
+    return (
+        ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"]),
+        ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"]),
+    )
+
+
+@pytest.fixture(scope="module")
+def feed(calib: list[np.ndarray]) -> dict[str, np.ndarray]:
+    return {"input": calib[0]}
+
+
+def test_every_block_contended_uses_up_the_retimes(sessions, feed, fast_bench) -> None:
+    # A threshold of a billionth: the median run of a block is always slower than its fastest.
+    settings = dataclasses.replace(fast_bench, contention=1e-9, retimes=4)
+    result = measure_latency(*sessions, feed, settings)
+    assert result.retimed == 4
+    assert result.contended
+
+
+def test_no_block_contended_times_nothing_again(sessions, feed, fast_bench) -> None:
+    settings = dataclasses.replace(fast_bench, contention=1e6)
+    result = measure_latency(*sessions, feed, settings)
+    assert result.retimed == 0
+    assert not result.contended
+
+
+def test_no_retimes_leaves_contended_blocks_flagged(sessions, feed, fast_bench) -> None:
+    settings = dataclasses.replace(fast_bench, contention=1e-9, retimes=0)
+    result = measure_latency(*sessions, feed, settings)
+    assert result.retimed == 0
+    assert result.contended
+
+
+@pytest.mark.parametrize("statistic", ["min", "median"])
+def test_a_model_against_itself_is_as_fast(sessions, feed, fast_bench, statistic) -> None:
+    result = measure_latency(*sessions, feed, dataclasses.replace(fast_bench, statistic=statistic))
+    # Two sessions of one model: the ratio is 1 but for noise, which a loaded machine can make
+    # large for microsecond runs; a wrong ratio (a swapped or mixed-up block) is far outside.
+    assert 0.5 < result.lat_diff < 2.0
+    assert result.fp32_ms > 0 and result.int8_ms > 0
+
+
+@pytest.mark.parametrize("statistic", ["min", "median"])
+def test_twice_the_work_measures_about_half_as_fast(cnn, feed, fast_bench, statistic) -> None:
+    # The second model runs the CNN twice on the same input: two copies side by side.
+    double = onnx.compose.merge_models(cnn, onnx.compose.add_prefix(cnn, "b_"), io_map=[])
+    for node in double.graph.node:
+        node.input[:] = ["input" if name == "b_input" else name for name in node.input]
+    double.graph.input.remove(next(i for i in double.graph.input if i.name == "b_input"))
+    options = fast_bench.session_options()
+    single = ort.InferenceSession(cnn.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    twice = ort.InferenceSession(double.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    result = measure_latency(single, twice, feed, dataclasses.replace(fast_bench, statistic=statistic))
+    assert 0.3 < result.lat_diff < 0.8
+
+
+def test_old_results_still_build() -> None:
+    result = LatencyResult(fp32_ms=2.0, int8_ms=1.0, lat_diff=2.0, spread=0.01)
+    assert (result.retimed, result.contended) == (0, False)
+
+
+def test_new_settings_from_a_config_mapping() -> None:
+    settings = BenchmarkSettings.from_dict({"statistic": "median", "contention": 0.2, "retimes": 0})
+    assert (settings.statistic, settings.contention, settings.retimes) == ("median", 0.2, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"statistic": "mean"}, "benchmark.statistic"),
+        ({"contention": 0.0}, "benchmark.contention"),
+        ({"contention": True}, "benchmark.contention"),
+        ({"retimes": -1}, "benchmark.retimes"),
+        ({"retimes": 1.5}, "benchmark.retimes"),
+    ],
+)
+def test_bad_settings_name_the_key(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        BenchmarkSettings(**kwargs)

@@ -1,0 +1,105 @@
+"""The per-choice prior of both samplers: checked on input, followed by the estimators, the start-up
+draws and the acquisition, settable after construction."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pytest
+
+from optuna_quant.samplers import DiscreteGPSampler
+from optuna_quant.samplers import TPESampler
+from optuna_quant.samplers._tpe.parzen_estimator import CategoricalDim
+from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
+from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
+from optuna_quant.samplers._prior import validate_prior
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+LAYERS = [f"l{i}" for i in range(8)]
+# The prior's favourite: fp32 on the odd layers, int8 on the even ones.
+GOOD = {name: ("fp32" if i % 2 else "int8") for i, name in enumerate(LAYERS)}
+PRIOR = {name: {GOOD[name]: 0.9, ("int8" if GOOD[name] == "fp32" else "fp32"): 0.1} for name in LAYERS}
+
+
+@pytest.mark.parametrize(
+    ("prior", "error", "match"),
+    [
+        ({"l0": {"fp32": 0.0}}, ValueError, "'fp32' of parameter 'l0' .* got 0.0"),
+        ({"l0": {"fp32": 1.0}}, ValueError, "strictly between 0 and 1, got 1.0"),
+        ({"l0": {"fp32": float("nan")}}, ValueError, "got nan"),
+        ({"l0": {"fp32": "high"}}, ValueError, "got 'high'"),
+        ({"l0": 0.5}, TypeError, "Prior of parameter 'l0' must map choices"),
+        ([("l0", 0.5)], TypeError, "got list"),
+    ],
+)
+def test_bad_priors_are_refused_at_construction_and_later(prior, error, match) -> None:
+    for sampler_class in (TPESampler, DiscreteGPSampler):
+        with pytest.raises(error, match=match):
+            sampler_class(prior=prior)
+        with pytest.raises(error, match=match):
+            sampler_class().set_prior(prior)
+    assert validate_prior(None) is None
+
+
+def test_estimators_prior_kernel_follows_the_prior() -> None:
+    dims = [CategoricalDim(3, (0.6, 0.3, 0.1)), CategoricalDim(2)]
+    no_observations = np.empty((0, 2))
+    univariate = UnivariateParzen(no_observations, dims, np.ones(0), prior_weight=1.0)
+    probs = np.exp(univariate.log_pdf(np.array([[0, 0], [1, 1], [2, 0]])))
+    np.testing.assert_allclose(probs, [[0.6, 0.5], [0.3, 0.5], [0.1, 0.5]])
+    multivariate = MultivariateParzen(no_observations, dims, np.ones(0), prior_weight=1.0)
+    joint = np.exp(multivariate.log_pdf(np.array([[0, 0], [2, 1]])))
+    np.testing.assert_allclose(joint, [0.3, 0.05])
+    # One observation of choice 2: pseudo-counts 3 * (0.6, 0.3, 0.1) plus the count.
+    observed = UnivariateParzen(np.array([[2, 0]]), dims, np.ones(1), prior_weight=1.0)
+    np.testing.assert_allclose(np.exp(observed.log_pdf(np.array([[2, 0]])))[0, 0], (0.3 + 1.0) / 4.0)
+
+
+def objective(trial: optuna.Trial) -> float:
+    """Lowest (0) at the prior's favourite configuration, one per layer that differs."""
+    return float(sum(trial.suggest_categorical(name, ["int8", "fp32"]) != GOOD[name] for name in LAYERS))
+
+
+def agreement_with_prior(study: optuna.Study) -> float:
+    return float(np.mean([[t.params[name] == GOOD[name] for name in LAYERS] for t in study.trials]))
+
+
+@pytest.mark.parametrize("sampler_class", [TPESampler, DiscreteGPSampler], ids=["tpe", "gp"])
+def test_start_up_draws_follow_the_prior_set_after_construction(sampler_class) -> None:
+    # Start-up trials only: what they draw comes from the prior, or uniformly without one.
+    n = 12
+    with_prior = sampler_class(seed=0, n_startup_trials=n)
+    with_prior.set_prior(PRIOR)
+    study = optuna.create_study(sampler=with_prior)
+    study.optimize(objective, n_trials=n)
+    plain = optuna.create_study(sampler=sampler_class(seed=0, n_startup_trials=n))
+    plain.optimize(objective, n_trials=n)
+    assert agreement_with_prior(study) > 0.8  # 0.9 expected
+    assert 0.3 < agreement_with_prior(plain) < 0.7  # 0.5 expected
+    with_prior.set_prior(None)  # removed: the next start-up draws are uniform again
+    again = optuna.create_study(sampler=with_prior)
+    again.optimize(objective, n_trials=n)
+    assert 0.3 < agreement_with_prior(again) < 0.7
+
+
+@pytest.mark.parametrize("sampler_class", [TPESampler, DiscreteGPSampler], ids=["tpe", "gp"])
+def test_a_right_prior_finds_the_optimum_sooner(sampler_class) -> None:
+    def trials_to_optimum(prior) -> int:
+        study = optuna.create_study(sampler=sampler_class(seed=seed, prior=prior))
+        study.optimize(objective, n_trials=60, callbacks=[lambda s, t: s.stop() if t.value == 0 else None])
+        return len(study.trials)
+
+    with_prior, without = [], []
+    for seed in range(3):
+        with_prior.append(trials_to_optimum(PRIOR))
+        without.append(trials_to_optimum(None))
+    assert np.median(with_prior) < 0.5 * np.median(without), (with_prior, without)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="prior_strength must not be negative, got -1"):
+        DiscreteGPSampler(prior_strength=-1)
+    for sampler_class in (TPESampler, DiscreteGPSampler):
+        with pytest.raises(ValueError, match="claim_wait_seconds must not be negative, got -0.5"):
+            sampler_class(claim_wait_seconds=-0.5)
