@@ -63,7 +63,7 @@ def compete(kind: str) -> None:
             params = {name: rng.choice(d.choices) for name, d in objective.space.distributions().items()}
             objective.measure(params)
     inputs = demo_data.evaluation()[0][:BURN_BATCH]
-    session = ort.InferenceSession(objective.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(objective.measurer.model.SerializeToString(), providers=["CPUExecutionProvider"])
     while True:
         session.run(None, {"input": inputs})
 
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     objective = demo_objective()
     int8_model = objective.build(objective.space.default_params()).SerializeToString()
     options = BenchmarkSettings().session_options()  # both methods pin the same threads
-    fp32 = ort.InferenceSession(objective.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fp32 = ort.InferenceSession(objective.measurer.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     rows = []
     for kind in args.load:
         results: dict[str, list[LatencyResult]] = {name: [] for name in METHODS}
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for _ in range(args.repeats):
                 for name, settings in METHODS.items():
                     int8 = ort.InferenceSession(int8_model, options, providers=["CPUExecutionProvider"])
-                    results[name].append(measure_latency(fp32, int8, objective.latency_feed, settings))
+                    results[name].append(measure_latency(fp32, int8, objective.measurer.latency_feed, settings))
             load_after = os.getloadavg()[0]
         for name, measured in results.items():
             lat = [r.lat_diff for r in measured]

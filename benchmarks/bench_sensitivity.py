@@ -61,18 +61,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     objective = demo_objective()
     nodes = objective.space.nodes
-    feeds = to_feeds(demo_data.calibration(), objective.model)
+    feeds = to_feeds(demo_data.calibration(), objective.measurer.model)
     start = time.perf_counter()
-    sens = measure_sensitivity(objective.model, objective.quantizer, feeds, nodes)
+    sens = measure_sensitivity(objective.measurer.model, objective.measurer.quantizer, feeds, nodes)
     seconds = time.perf_counter() - start
     samples = feeds[:32]  # measure_sensitivity's default n_samples
-    options = objective.benchmark.session_options()
+    options = objective.measurer.benchmark.session_options()
 
     def outputs(model_bytes: bytes) -> list:
         session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
         return [session.run(None, feed) for feed in samples]
 
-    reference = outputs(objective.model.SerializeToString())
+    reference = outputs(objective.measurer.model.SerializeToString())
     fallbacks = [frozenset(c) for r in range(len(nodes) + 1) for c in itertools.combinations(nodes, r)]
     if len(fallbacks) > args.configs:
         fallbacks = random.Random(args.seed).sample(fallbacks, args.configs)

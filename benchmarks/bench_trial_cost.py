@@ -50,9 +50,9 @@ def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> N
         extra["CalibPercentile"] = percentile
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(
-            str(objective.quantizer.model_path),
+            str(objective.measurer.quantizer.model_path),
             str(out),
-            objective.quantizer.calibration_reader(),
+            objective.measurer.quantizer.calibration_reader(),
             quant_format=QuantFormat.QDQ,
             per_channel=config.per_channel,
             activation_type=QuantType.QUInt8,
@@ -85,13 +85,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         params = {name: rng.choice(d.choices) for name, d in distributions.items()}
         configs.append(params)
     for params in configs:  # collect every calibration once, as a study does in its first trials
-        objective.quantizer.quantize(objective.space.to_config(params))
+        objective.measurer.quantizer.quantize(objective.space.to_config(params))
 
     cached, scratch = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, params in enumerate(configs):
             config = objective.space.to_config(params)
-            steps = [("cached", lambda: objective.quantizer.quantize(config)),
+            steps = [("cached", lambda: objective.measurer.quantizer.quantize(config)),
                      ("scratch", lambda: quantize_static_from_scratch(objective, config, Path(tmp) / "q.onnx"))]
             if i % 2:
                 steps.reverse()
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "median_trial_s": statistics.median(
             t.quantize_seconds + t.eval_seconds + t.latency_seconds for t in trials
         ),
-        "calibration_s_once": objective.quantizer.calibration_seconds,
+        "calibration_s_once": objective.measurer.quantizer.calibration_seconds,
     }
     print(json.dumps(summary, indent=2))
     if args.json:

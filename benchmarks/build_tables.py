@@ -215,12 +215,12 @@ def with_sensitivity(table: Table, measured: Setup) -> Table:
     calibration feeds, one thread and batch 1 as the table's latency.
     """
     objective = measured.objective
-    feeds = to_feeds(measured.calibration, objective.model)
+    feeds = to_feeds(measured.calibration, objective.measurer.model)
     choices = {name: choices for name, choices in table.params.items() if not name.startswith(LAYER_PREFIX)}
     # configurations() orders names alike for every combination; its first is the reference.
     errors = sensitivity.measure_scope_errors(
-        objective.model,
-        objective.quantizer,
+        objective.measurer.model,
+        objective.measurer.quantizer,
         feeds,
         configurations(choices),
         lambda params: table_config(objective, params),
@@ -229,8 +229,8 @@ def with_sensitivity(table: Table, measured: Setup) -> Table:
     )
     base = sensitivity.lowest_error(errors)["params"]
     sens = sensitivity.measure_sensitivity(
-        objective.model,
-        objective.quantizer,
+        objective.measurer.model,
+        objective.measurer.quantizer,
         feeds,
         objective.space.nodes,
         base_config=table_config(objective, base),

@@ -61,13 +61,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     space = objective.space
     params = dict(item.split("=", 1) for item in args.params)
     base = space.to_config({**space.default_params(), **params})
-    inputs = {"first calibration feed": objective.feeds[0], "latency feed": objective.latency_feed}
+    inputs = {"first calibration feed": objective.measurer.feeds[0], "latency feed": objective.measurer.latency_feed}
     readings: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for name, feed in inputs.items():
         for _ in range(args.repeats):
             sens = measure_sensitivity(
-                objective.prepared.prepared, objective.quantizer, objective.feeds, space.nodes,
-                base_config=base, settings=objective.benchmark, timing_feed=feed,
+                objective.measurer.prepared.prepared, objective.measurer.quantizer, objective.measurer.feeds, space.nodes,
+                base_config=base, settings=objective.measurer.benchmark, timing_feed=feed,
             )
             for node, s in sens.items():
                 readings.setdefault(node, {}).setdefault(name, []).append((s.revert_cost, s.alone_speedup))

@@ -113,7 +113,7 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
         }
         for t in study.trials
     ]
-    record["calibration_s"] = dict(getattr(study.objective.quantizer, "calibration_seconds", {}))
+    record["calibration_s"] = dict(getattr(study.objective.measurer.quantizer, "calibration_seconds", {}))
     record["layers"] = sum(name.startswith("layer") for name in study.trials[0].params)
     record["workload"] = {"source": workload.source, "score": workload.score, **workload.info}
     return record

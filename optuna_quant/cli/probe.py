@@ -283,7 +283,7 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
         suggested_accuracy_loss=accuracy_loss,
         suggested_latency_reduce=latency_reduce,
         reasons=reasons,
-        slow_int8_causes=() if reference.lat_diff > 1.0 else slow_int8_causes(objective.model, support),
+        slow_int8_causes=() if reference.lat_diff > 1.0 else slow_int8_causes(objective.measurer.model, support),
         sensitivity=sensitivity,
         seconds=time.perf_counter() - start,
     )

@@ -1,20 +1,30 @@
-"""Waiting on the trials of other workers, each wait bounded by Optuna's heartbeat."""
+"""Waiting on the trials of other workers, each wait bounded by Optuna's heartbeat.
+
+:meth:`Waiter.until` is the one wait of the package: the worker loop waits in it for room in the
+budget or for the reference, the objective for another worker's measurement of its
+configuration.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import ExitStack
 import datetime
 import logging
 import time
+from typing import TypeVar
 
 import optuna
 
 from optuna_quant._optuna_private import fail_never_beaten
 from optuna_quant._optuna_private import study_storage
 from optuna_quant.storages.rdb import grace_period
+from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.rdb import optuna_warnings_off
 
 POLL_SECONDS = 0.5
 _logger = logging.getLogger("optuna_quant")
+T = TypeVar("T")
 
 
 class Waiter:
@@ -29,6 +39,13 @@ class Waiter:
         poll_seconds: Seconds between two looks.
 
     Example:
+        >>> import optuna
+        >>> from contextlib import nullcontext
+        >>> looks = iter([(None, "trial 3"), ("found", "")])
+        >>> found, held = Waiter(poll_seconds=0.01).until(nullcontext, optuna.create_study(), lambda: next(looks))
+        >>> held.close()
+        >>> found
+        'found'
         >>> waiter = Waiter(poll_seconds=0.01)
         >>> waiter.beat("trial 3")
         >>> waiter.waiting, waiter.waited > 0
@@ -65,6 +82,40 @@ class Waiter:
         if self.what is not None:
             _logger.info("Waited %.1f s for %s.", self.waited, self.what)
             self.what = None
+
+    def until(
+        self,
+        lock: StudyLock,
+        study: optuna.Study,
+        look: Callable[[], tuple[T | None, str]],
+        *,
+        fail_stale: bool = False,
+    ) -> tuple[T, ExitStack]:
+        """Call ``look`` under ``lock`` until it finds something; that, with the lock still held.
+
+        ``look`` returns what it found, or ``None`` and what it waits for. Before each look the
+        trials of dead workers are failed (:func:`fail_stale_trials`) while a wait is under way,
+        or every time with ``fail_stale``, so no wait outlasts a dead worker's grace period.
+
+        Returns:
+            What ``look`` found, and the held lock: close it once done with what was read.
+        """
+        while True:
+            held = ExitStack()
+            held.enter_context(lock())
+            try:
+                if fail_stale or self.waiting:
+                    # A trial that never beat holds up only a worker that waits: the budget counts it.
+                    fail_stale_trials(study, never_beaten=self.waiting)
+                found, what = look()
+            except BaseException:
+                held.close()
+                raise
+            if found is not None:
+                self.done()
+                return found, held
+            held.close()
+            self.beat(what)
 
 
 def fail_stale_trials(study: optuna.Study, *, never_beaten: bool = True) -> None:

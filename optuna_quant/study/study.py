@@ -109,7 +109,7 @@ class QuantStudy:
     @property
     def stop_on_target(self) -> bool:
         """Whether every worker stops once a trial meets both targets (the objective's setting)."""
-        return self.objective.stop_on_target
+        return self.objective.settings.stop_on_target
 
     @property
     def lock(self) -> StudyLock:
@@ -159,7 +159,6 @@ class QuantStudy:
         with logs.quiet_onnxruntime():
             if self.run_trials:
                 check_writable(self.artifact_dir, "artifact_dir")
-                self.objective.max_trials = n_trials
                 Worker(
                     self.study,
                     self.storage,
@@ -167,7 +166,6 @@ class QuantStudy:
                     self.lock,
                     n_trials,
                     timeout=timeout,
-                    stop_on_target=self.stop_on_target,
                     callbacks=[self.figures, *callbacks],
                     show_progress_bar=show_progress_bar,
                 ).run()
@@ -390,7 +388,7 @@ def create_study(
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(
-            study, space=objective.space, fingerprint=objective.model_sha256, targets=targets, node_modules=node_modules
+            study, space=objective.space, fingerprint=objective.measurer.fingerprint, targets=targets, node_modules=node_modules
         )
     if study.metric_names is None:
         with optuna_warnings_off():

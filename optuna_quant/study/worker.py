@@ -45,7 +45,6 @@ from optuna_quant.trial.reference import check_baseline
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.stopping import target_reached
-from optuna_quant.storages.waiting import fail_stale_trials
 from optuna_quant.storages.rdb import MAX_RETRY
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.storages.lock import StudyLock
@@ -101,7 +100,6 @@ class Worker:
         lock: The study lock every worker shares.
         n_trials: The study's total trials (POT's ``max_trials``); ``None`` for no limit.
         timeout: Seconds after which no trial starts (POT's ``max_minutes * 60``).
-        stop_on_target: Stop once a trial met both targets.
         callbacks: Optuna ``optimize`` callbacks, called after each trial (each trial is one
             ``study.optimize`` call: ``study.stop()`` in a callback does not end this loop).
         show_progress_bar: Show trial k of N, the best result so far and the time left.
@@ -115,7 +113,6 @@ class Worker:
         lock: StudyLock,
         n_trials: int | None,
         timeout: float | None = None,
-        stop_on_target: bool = False,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
         show_progress_bar: bool = False,
     ) -> None:
@@ -125,7 +122,6 @@ class Worker:
         self.lock = lock
         self.n_trials = n_trials
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.stop_on_target = stop_on_target
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
         self.waiter = Waiter()
@@ -139,30 +135,26 @@ class Worker:
             KeyboardInterrupt: Re-raised once the interrupted trial is failed and queued again.
         """
         if records.reference_scaling(self.study) is None:
-            check_baseline(self.objective)  # before any trial: a failing eval_fn leaves none
+            check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
         with self.bar:
             while True:
-                with ExitStack() as held:
-                    held.enter_context(self.lock())
-                    # A trial that never beat holds up only a worker that waits: the budget counts it.
-                    fail_stale_trials(self.study, never_beaten=self.waiter.waiting)
-                    trials = self.study.get_trials(deepcopy=False)
-                    self._show(trials)
-                    decision, waiting_on = self._decide(trials)
-                    if decision == _Next.RUN:
-                        self.waiter.done()
-                        self._take_prior()
-                        # Optuna asks for the trial under the lock; the objective releases it.
-                        self._run_one(held.pop_all(), trials)
-                        continue
+                (decision, trials), held = self.waiter.until(self.lock, self.study, self._look, fail_stale=True)
                 if decision == _Next.STOP:
-                    self.waiter.done()
+                    held.close()
                     return
-                self.waiter.beat(waiting_on)
+                self._take_prior()
+                # Optuna asks for the trial under the lock; the objective releases it.
+                self._run_one(held, trials)
+
+    def _look(self) -> tuple[tuple[_Next, list[FrozenTrial]] | None, str]:
+        trials = self.study.get_trials(deepcopy=False)
+        self._show(trials)
+        decision, waiting_on = self._decide(trials)
+        return (None, waiting_on) if decision == _Next.WAIT else ((decision, trials), "")
 
     def _take_prior(self) -> None:
         """Give the sampler the study's prior once the reference's worker has stored it (read until then)."""
-        if self.prior_set or not self.objective.guided:
+        if self.prior_set or not self.objective.settings.guided:
             return
         space, targets = self.objective.space, self.objective.targets
         self.prior_set = guidance.set_prior(self.study.sampler, self.study, targets, space)
@@ -170,7 +162,7 @@ class Worker:
     def _decide(self, trials: list[FrozenTrial]) -> tuple[_Next, str]:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return _Next.STOP, ""
-        if self.stop_on_target and target_reached(trials, self.objective.targets) is not None:
+        if self.objective.settings.stop_on_target and target_reached(trials, self.objective.targets) is not None:
             return _Next.STOP, ""
         counted = counted_trials(trials)
         room = self.n_trials is None or counted < self.n_trials
@@ -205,7 +197,7 @@ class Worker:
             record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
             lock.close()
             try:
-                return self.objective(trial)
+                return self.objective.run(trial, self.n_trials)
             except ReferenceMeasurementError as err:
                 reference_error.append(err)
                 raise

@@ -15,7 +15,7 @@ choice of the space does to the model's outputs and what reverting each layer co
 The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
 
 Example:
-    >>> guidance = measure_guidance(objective, reference_acc_loss=0.02)   # doctest: +SKIP
+    >>> guidance = measure_guidance(measurer, space, reference_acc_loss=0.02)   # doctest: +SKIP
     >>> guidance.prior(Targets(accuracy_loss=1.0), space)["layer:conv1"]  # doctest: +SKIP
     {'fp32': 0.91, 'int8': 0.09}
 """
@@ -29,7 +29,6 @@ import logging
 import math
 import time
 from typing import Any
-from typing import TYPE_CHECKING
 
 import onnx
 import optuna
@@ -38,6 +37,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna_quant.trial import records
 from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.measurer import Measurer
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
@@ -47,13 +47,11 @@ from optuna_quant.measure.sensitivity import ScopeError
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial.scoring import choice_scores
 from optuna_quant.trial.scoring import revert_order
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
-
-if TYPE_CHECKING:
-    from optuna_quant.trial.objective import QuantizationObjective
 
 _logger = logging.getLogger("optuna_quant")
 
@@ -203,35 +201,50 @@ class Guidance:
         )
 
 
-def measure_guidance(objective: QuantizationObjective, reference_acc_loss: float) -> Guidance:
-    """Measure the guidance of ``objective``'s space on its prepared model and calibration data."""
+def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss: float) -> Guidance:
+    """Measure the guidance of ``space`` on ``measurer``'s prepared model and calibration data."""
     _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
     start = time.perf_counter()
     scope_errors, layers = measure_space(
-        objective.prepared.prepared,
-        objective.quantizer,
-        objective.feeds,
-        objective.space,
-        settings=objective.benchmark,
-        timing_feed=objective.latency_feed,
+        measurer.prepared.prepared,
+        measurer.quantizer,
+        measurer.feeds,
+        space,
+        settings=measurer.benchmark,
+        timing_feed=measurer.latency_feed,
     )
     seconds = time.perf_counter() - start
     _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
     return Guidance(layers, scope_errors, reference_acc_loss, seconds)
 
 
-def guide_study(objective: QuantizationObjective, study: optuna.Study, reference_acc_loss: float) -> None:
-    """Measure and store the guidance, and queue the start-up trials (the reference's worker)."""
+def guide_study(
+    study: optuna.Study,
+    lock: StudyLock,
+    measurer: Measurer,
+    space: SearchSpace,
+    reference_acc_loss: float,
+    budget: int | None,
+) -> None:
+    """Measure and store the guidance, and queue the start-up trials (the reference's worker).
+
+    Args:
+        study: The study.
+        lock: The lock its workers share.
+        measurer: Measures the guidance.
+        space: The study's search space.
+        reference_acc_loss: The reference's ``acc_loss``, which the prior shares out.
+        budget: The study's trials in total, if known: at most one start-up trial per four.
+    """
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
-    guidance = measure_guidance(objective, reference_acc_loss)
-    with objective.lock():
+    guidance = measure_guidance(measurer, space, reference_acc_loss)
+    with lock():
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
-        budget = objective.max_trials
         n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
-        for params in guidance.startup_params(objective.space, n):
+        for params in guidance.startup_params(space, n):
             study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -771,7 +771,7 @@ def test_every_claiming_test_exists() -> None:
         file, _, name = test.rpartition("::")
         source = (ROOT / (file or "tests/docs/test_docs_commands.py")).read_text()
         assert re.search(rf"^def {name}\(", source, re.M), f"no test {test}"
-    probe_test = ROOT / "tests" / "test_demo.py"
+    probe_test = ROOT / "tests" / "e2e" / "test_demo.py"
     assert f'"""`{DEMO_PROBE}`' in probe_test.read_text()  # it runs exactly this command
 
 

@@ -117,7 +117,7 @@ def test_a_study_times_the_layers_on_the_input_it_times_its_trials_on(
     )
     with caplog.at_level(logging.INFO, logger="optuna_quant.measure.sensitivity"):
         study.optimize(n_trials=1)
-    assert [len(feed) for feed in study.objective.latency_feed.values()] == [1]
+    assert [len(feed) for feed in study.objective.measurer.latency_feed.values()] == [1]
     measuring = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Measuring the sensitivity")]
     assert measuring == [f"Measuring the sensitivity of {len(CNN_LAYERS)} layers on {len(batches)} samples, timed on a batch of 1"]
 

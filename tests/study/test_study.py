@@ -16,7 +16,7 @@ from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
-from optuna_quant.trial.objective import RETIMES
+from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial.records import SCALING_KEY
 from optuna_quant.trial.records import WORKER
 from optuna_quant.trial.records import WORKER_KEY
@@ -252,7 +252,7 @@ def test_measure_model_measures_a_ready_model_as_measure_does(cnn, calib, fast_b
 
     objective = oq.QuantizationObjective(cnn, calib, mean_abs_logit, benchmark=fast_bench)
     params = objective.space.default_params()
-    int8_model = objective.quantizer.quantize(objective.space.to_config(params))
+    int8_model = objective.measurer.quantizer.quantize(objective.space.to_config(params))
     measured = objective.measure(params)
     assert measured.acc_loss != 0
     assert objective.measure_model(int8_model).acc_loss == measured.acc_loss
@@ -271,7 +271,7 @@ def test_a_latency_batch_larger_than_the_calibration_data_is_refused(make_study,
     # conftest's calibration data hold 16 samples.
     with pytest.raises(ValueError, match=r"benchmark.batch_size: A batch of 17 samples was asked for, but the data hold 16"):
         make_study(benchmark=dataclasses.replace(fast_bench, batch_size=17))
-    assert make_study(benchmark=dataclasses.replace(fast_bench, batch_size=16)).objective.latency_feed["input"].shape[0] == 16
+    assert make_study(benchmark=dataclasses.replace(fast_bench, batch_size=16)).objective.measurer.latency_feed["input"].shape[0] == 16
 
 
 def test_progress_bar_shows_trial_k_of_n_the_best_and_the_time_left(make_study, capsys) -> None:

@@ -1,0 +1,228 @@
+"""One fp32 model's int8 configurations, built and measured against it: no Optuna here.
+
+A :class:`Measurer` loads and prepares the model once, calibrates on demand (each calibration
+method once, :class:`optuna_quant.quantization.quantize.Quantizer`), and measures a configuration
+as the study scores it: ``eval_fn`` on the int8 model, its relative accuracy loss against the
+fp32 baseline, and the paired fp32/int8 latency (:func:`optuna_quant.measure.latency.steady_latency`).
+
+Example:
+    >>> measurer = Measurer("model.onnx", calib, eval_fn)                    # doctest: +SKIP
+    >>> m = measurer.measure(QuantConfig(fallback=frozenset({"fc"})))          # doctest: +SKIP
+    >>> m.acc_loss, m.lat_diff                                                 # doctest: +SKIP
+    (0.0021, 1.84)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+import hashlib
+import time
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+
+from optuna_quant.measure.evaluate import accepts_subset_size
+from optuna_quant.measure.evaluate import checked_score
+from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import LatencyResult
+from optuna_quant.measure.latency import steady_latency
+from optuna_quant.measure.loss import relative_accuracy_loss
+from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.model_io import batch_of
+from optuna_quant.quantization.model_io import load_model
+from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.quantization.model_io import to_feeds
+from optuna_quant.quantization.prepare import prepare_model
+from optuna_quant.quantization.quantize import Quantizer
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one configuration measured.
+
+    Attributes:
+        accuracy: The int8 model's score from ``eval_fn``.
+        acc_loss: Relative accuracy loss against fp32.
+        latency: The paired latency measurement.
+        quantize_seconds: Time to build the int8 model (calibration included, if any ran).
+        eval_seconds: Time spent in ``eval_fn``.
+        latency_seconds: Time spent timing.
+    """
+
+    accuracy: float
+    acc_loss: float
+    latency: LatencyResult
+    quantize_seconds: float
+    eval_seconds: float
+    latency_seconds: float
+
+    @property
+    def lat_diff(self) -> float:
+        """``fp32_latency / int8_latency``."""
+        return self.latency.lat_diff
+
+    def user_attrs(self) -> dict[str, float | int | bool]:
+        """The trial user attrs that record this measurement."""
+        return {
+            "acc_loss": self.acc_loss,
+            "lat_diff": self.lat_diff,
+            "accuracy": self.accuracy,
+            "fp32_latency_ms": self.latency.fp32_ms,
+            "int8_latency_ms": self.latency.int8_ms,
+            "lat_diff_spread": self.latency.spread,
+            "lat_retimed": self.latency.retimed,
+            "lat_contended": self.latency.contended,
+            "quantize_s": self.quantize_seconds,
+            "eval_s": self.eval_seconds,
+            "latency_s": self.latency_seconds,
+        }
+
+
+def _checked_subset_size(eval_fn: EvalFn, eval_subset_size: int | None) -> None:
+    if eval_subset_size is None:
+        return
+    if isinstance(eval_subset_size, bool) or not isinstance(eval_subset_size, int) or eval_subset_size < 1:
+        raise ValueError(f"eval_subset_size must be a positive integer, got {eval_subset_size!r}.")
+    if not accepts_subset_size(eval_fn):
+        raise ValueError(
+            "eval_subset_size is set but eval_fn takes no 'subset_size' keyword; add one, or use optuna_quant.Top1Accuracy."
+        )
+
+
+class Measurer:
+    """Builds, evaluates and times the int8 configurations of one fp32 model.
+
+    Args:
+        model: An ONNX model: a path or an ``onnx.ModelProto``.
+        calibration_data: Iterable of ``{input_name: array}`` (or arrays, for a single input).
+        eval_fn: ``eval_fn(session) -> float``, higher is better. It may take ``subset_size``.
+        benchmark: How latency is measured.
+        fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
+        eval_subset_size: Evaluate every model on the first N samples only.
+        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
+            (:mod:`optuna_quant.quantization.prepare`); fp32 accuracy and latency are measured on
+            the model as given, so ``lat_diff`` is the speed-up the user gets.
+
+    Attributes:
+        model: The model as given, the fp32 baseline.
+        prepared: The model that is quantized, with what preparation did.
+        feeds: The calibration feeds.
+        latency_feed: The input every timing runs on (``benchmark.batch_size`` rows).
+        quantizer: Builds the int8 models from cached calibration.
+        fingerprint: The SHA-256 of the model as given, which a shared study checks.
+
+    Raises:
+        FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
+            raised here, before anything is measured.
+    """
+
+    def __init__(
+        self,
+        model: ModelLike,
+        calibration_data: Iterable[Any],
+        eval_fn: EvalFn,
+        *,
+        benchmark: BenchmarkSettings | None = None,
+        fp32_accuracy: float | None = None,
+        eval_subset_size: int | None = None,
+        pre_process: bool = True,
+    ) -> None:
+        if not callable(eval_fn):
+            raise TypeError(f"eval_fn must be callable, got {eval_fn!r}.")
+        _checked_subset_size(eval_fn, eval_subset_size)
+        self.eval_fn = eval_fn
+        self.eval_subset_size = eval_subset_size
+        self.benchmark = benchmark or BenchmarkSettings()
+        self._fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
+        self.model = load_model(model)
+        self.feeds = to_feeds(calibration_data, self.model)
+        self.prepared = prepare_model(self.model, self.feeds, pre_process=pre_process)
+        try:
+            self.latency_feed = batch_of(self.feeds, self.benchmark.batch_size)
+        except ValueError as err:
+            raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
+        serialized = self.model.SerializeToString()  # once: large models take seconds
+        self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
+        self.fingerprint = hashlib.sha256(serialized).hexdigest()
+        self._fp32_session = self._session(serialized)
+
+    def _session(self, model: onnx.ModelProto | bytes) -> ort.InferenceSession:
+        serialized = model if isinstance(model, bytes) else model.SerializeToString()
+        return ort.InferenceSession(serialized, self.benchmark.session_options(), providers=["CPUExecutionProvider"])
+
+    def _evaluate(self, session: ort.InferenceSession, what: str) -> float:
+        kwargs = {} if self.eval_subset_size is None else {"subset_size": self.eval_subset_size}
+        try:
+            value = self.eval_fn(session, **kwargs)
+        except Exception as err:
+            raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
+        return checked_score(value, f"eval_fn on the {what} model")
+
+    def build(self, config: QuantConfig) -> onnx.ModelProto:
+        """The int8 model of ``config``, from cached calibration."""
+        return self.quantizer.quantize(config)
+
+    def accuracy(self, config: QuantConfig) -> float:
+        """The int8 score of ``config``, without timing it."""
+        return self._evaluate(self._session(self.build(config)), "int8")
+
+    def measure(self, config: QuantConfig) -> Measurement:
+        """Build, evaluate and time ``config``.
+
+        Raises:
+            RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
+        """
+        start = time.perf_counter()
+        int8_model = self.build(config)
+        return self.measure_model(int8_model, quantize_seconds=time.perf_counter() - start)
+
+    def measure_model(self, int8_model: onnx.ModelProto, *, quantize_seconds: float = 0.0) -> Measurement:
+        """Evaluate and time a ready int8 model exactly as :meth:`measure` does a configuration.
+
+        For a model that is no configuration of the search space, such as a QAT export: the same
+        ``eval_fn``, fp32 baseline and paired latency timing make its figures comparable.
+
+        Args:
+            int8_model: The quantized model; it takes the same inputs as the fp32 model.
+            quantize_seconds: Time already spent building ``int8_model``. Creating its
+                onnxruntime session is added, as it is for a configuration.
+
+        Raises:
+            RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
+        """
+        fp32_accuracy = self.baseline()
+        start = time.perf_counter()
+        int8 = self._session(int8_model)
+        built = time.perf_counter()
+        accuracy = self._evaluate(int8, "int8")
+        evaluated = time.perf_counter()
+        latency = steady_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+        return Measurement(
+            accuracy=accuracy,
+            acc_loss=relative_accuracy_loss(fp32_accuracy, accuracy),
+            latency=latency,
+            quantize_seconds=quantize_seconds + built - start,
+            eval_seconds=evaluated - built,
+            latency_seconds=time.perf_counter() - evaluated,
+        )
+
+    def baseline(self) -> float:
+        """The fp32 accuracy: from ``metrics``, or measured once.
+
+        Raises:
+            RuntimeError: If ``eval_fn`` fails on the fp32 model.
+            ValueError: If it scores the fp32 model 0, for which no relative loss exists.
+        """
+        if self._fp32_accuracy is None:
+            accuracy = self._evaluate(self._fp32_session, "fp32")
+            if accuracy == 0:
+                raise ValueError("eval_fn scores the fp32 model 0: a relative accuracy loss is undefined.")
+            self._fp32_accuracy = accuracy
+        return self._fp32_accuracy
+
+    def adopt_baseline(self, fp32_accuracy: float) -> None:
+        """Use the fp32 accuracy a study stored, so that every worker scores against the same one."""
+        self._fp32_accuracy = fp32_accuracy
