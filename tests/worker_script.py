@@ -36,8 +36,9 @@ from examples.tiny_cnn import fp32_agreement  # noqa: E402
 from onnxruntime.quantization import calibrate  # noqa: E402
 
 import optuna_quant as oq  # noqa: E402
+import optuna_quant.measure.latency  # noqa: E402
+import optuna_quant.measure.measurer  # noqa: E402
 import optuna_quant.trial.objective  # noqa: E402
-import optuna_quant.trial.reference  # noqa: E402
 
 
 def die() -> None:
@@ -69,18 +70,18 @@ def inject(stage: str) -> None:
         for calibrater in (calibrate.MinMaxCalibrater, calibrate.HistogramCalibrater):
             wrap(calibrater, "collect_data", die)
     elif name == "reference":
-        original = optuna_quant.trial.reference.measure_reference
+        original = optuna_quant.trial.objective.measure_reference
 
         def measure_reference(*args: object, **kwargs: object) -> object:
             in_reference[0] = True
             return original(*args, **kwargs)
 
-        optuna_quant.trial.reference.measure_reference = measure_reference
-        wrap(optuna_quant.trial.objective.QuantizationObjective, "_evaluate", lambda: in_reference[0] and die())
+        optuna_quant.trial.objective.measure_reference = measure_reference  # the name the objective calls
+        wrap(optuna_quant.measure.measurer.Measurer, "_evaluate", lambda: in_reference[0] and die())
     elif name == "eval":
-        wrap(optuna_quant.trial.objective.QuantizationObjective, "_evaluate", countdown)
+        wrap(optuna_quant.measure.measurer.Measurer, "_evaluate", countdown)
     elif name == "latency":
-        wrap(optuna_quant.trial.objective, "measure_latency", countdown)
+        wrap(optuna_quant.measure.latency, "measure_latency", countdown)  # steady_latency calls it
     elif name == "ask":
         wrap(oq.TPESampler, "before_trial", countdown)  # Optuna calls it once the trial is created
     else:
