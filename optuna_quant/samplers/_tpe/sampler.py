@@ -29,6 +29,7 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from optuna_quant._optuna_private import cached_trials
 from optuna_quant.samplers import _coordination
 from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
@@ -211,7 +212,7 @@ class TPESampler(InTurnSampler):
     ) -> Any:
         # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
-        trials = study._get_trials(deepcopy=False, use_cache=True)
+        trials = cached_trials(study)
         return self._sample(study, trials, {param_name: param_distribution}, never_repeat=False)[
             param_name
         ]
