@@ -164,11 +164,9 @@ class DiscreteGPSampler(InTurnSampler):
         pending: np.ndarray,
         seen: set[Config],
     ) -> Config:
-        space_prior = None if self._prior is None else SpacePrior(space, self._prior)
         if len(history.values) < self._n_startup_trials:
-            if space_prior is not None:
-                return space_prior.sample_unseen(self._rng, seen)
-            return space.random_unseen(self._rng, seen)
+            return self._random_unseen(space, seen)
+        space_prior = None if self._prior is None else SpacePrior(space, self._prior)
         optimizer = self._optimizer_for(study, space, history)
         for config, value, row in zip(
             history.configs.tolist(),

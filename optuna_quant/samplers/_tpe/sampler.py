@@ -36,7 +36,6 @@ from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
-from optuna_quant.samplers._prior import SpacePrior
 from optuna_quant.samplers._tpe.candidates import best_joint
 from optuna_quant.samplers._tpe.candidates import best_per_parameter
 from optuna_quant.samplers._tpe.candidates import draw_batches
@@ -299,10 +298,7 @@ class TPESampler(InTurnSampler):
         remains."""
         if space is None:
             return sample_uniform(self._rng, dims)
-        if self._prior is None:
-            config = space.random_unseen(self._rng, seen or set())
-        else:
-            config = SpacePrior(space, self._prior).sample_unseen(self._rng, seen or set())
+        config = self._random_unseen(space, seen or set())
         return values_of(np.array(config)[None], dims)[0]
 
 
