@@ -5,6 +5,7 @@ Name them as ``--sampler benchmarks.tpe_variants:indep`` in ``benchmarks/bench_s
 
 from __future__ import annotations
 
+from optuna_quant._optuna_private import cached_trials
 from optuna_quant.samplers import TPESampler
 
 
@@ -17,7 +18,7 @@ class _Repeats(TPESampler):
     def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
         if not search_space:
             return {}
-        return self._sample(study, study._get_trials(deepcopy=False, use_cache=True), search_space, never_repeat=False)
+        return self._sample(study, cached_trials(study), search_space, never_repeat=False)
 
 
 def potrep(seed: int) -> TPESampler:

@@ -17,6 +17,25 @@
   and skips the exit that stops it, so the process never ends after that Ctrl-C (and the trial's
   heartbeat never stops). The worker stops such a thread after the interrupt
   (:func:`stop_orphan_heartbeats`).
+- ``Study._storage`` and ``_CachedStorage._backend``: the RDB storage behind the cache Optuna
+  wraps it in for a study. The cache says neither that a study's storage is an RDB one nor its
+  heartbeat grace period, which bounds how long a worker waits for another
+  (:func:`storage_backend`, :func:`study_storage`).
+- ``Study._get_trials(use_cache=True)``: the trials as Optuna read them once for the trial being
+  asked for, which Optuna's own samplers read (:func:`cached_trials`). The public ``get_trials``
+  reads the storage again: once per parameter for an independent suggestion, a query each on an
+  RDB storage, and each time with what other workers wrote since.
+- ``Study._storage`` and ``Study._study_id``: which study a sampler's caches hold, across the
+  ``Study`` objects opened on it; a name does not tell, as a deleted study's name can come back
+  with other trials (:func:`study_identity`).
+- ``Trial._trial_id`` of a ``FrozenTrial`` and ``Study._storage``: a sampler's claim on a
+  configuration is a system attribute of the trial being sampled, written before the trial has
+  parameters (:mod:`optuna_quant.samplers._coordination`). Optuna 5 has no public way to write a
+  trial's system attribute; its own CMA-ES sampler writes its state this way
+  (:func:`set_trial_system_attr`).
+- The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
+  that has not started, which no public accessor returns. The samplers exclude them from what
+  other trials may choose (:func:`fixed_params`).
 """
 
 from __future__ import annotations
@@ -24,15 +43,17 @@ from __future__ import annotations
 import copy
 import datetime
 import threading
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import HeartbeatThread
-from optuna.storages._rdb import models
-from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
-import sqlalchemy.orm
+
+# Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
+_FIXED_PARAMS_KEY = "fixed_params"
 
 
 def record_first_heartbeat(storage: BaseStorage, trial: optuna.Trial) -> None:
@@ -53,9 +74,34 @@ def stop_orphan_heartbeats() -> int:
     return len(orphans)
 
 
+def storage_backend(storage: BaseStorage) -> BaseStorage:
+    """``storage`` without the cache Optuna wraps an RDB storage in for a study."""
+    return getattr(storage, "_backend", storage)
+
+
 def study_storage(study: optuna.Study) -> BaseStorage:
     """The storage ``study`` was opened on: an RDB storage without the cache Optuna wraps it in."""
-    return getattr(study._storage, "_backend", study._storage)
+    return storage_backend(study._storage)
+
+
+def cached_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """``study``'s trials as Optuna read them for the trial being asked for; not to be modified."""
+    return study._get_trials(deepcopy=False, use_cache=True)
+
+
+def study_identity(study: optuna.Study) -> tuple[BaseStorage, int]:
+    """The storage ``study`` holds (with Optuna's cache, if any) and the study's id in it."""
+    return study._storage, study._study_id
+
+
+def set_trial_system_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """Write the system attribute ``key`` of ``study``'s ``trial``, which may be running."""
+    study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def fixed_params(trial: FrozenTrial) -> dict[str, Any] | None:
+    """The parameters ``Study.enqueue_trial`` gave ``trial``; ``None`` when it gave none."""
+    return trial.system_attrs.get(_FIXED_PARAMS_KEY)
 
 
 def fail_never_beaten(study: optuna.Study, started_before: datetime.datetime) -> None:
@@ -64,6 +110,11 @@ def fail_never_beaten(study: optuna.Study, started_before: datetime.datetime) ->
 
     Nothing where the storage runs no heartbeat.
     """
+    # Here, not above: the samplers import this module, and need no SQLAlchemy.
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    import sqlalchemy.orm
+
     rdb = study_storage(study)
     if not isinstance(rdb, RDBStorage) or rdb.get_heartbeat_interval() is None:
         return

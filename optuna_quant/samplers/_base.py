@@ -12,8 +12,11 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 
 from optuna_quant.samplers import _coordination
+from optuna_quant.samplers._discrete import Config
+from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._prior import Prior
+from optuna_quant.samplers._prior import SpacePrior
 from optuna_quant.samplers._prior import validate_prior
 
 
@@ -65,6 +68,13 @@ class InTurnSampler(BaseSampler, abc.ABC):
             self._claim_wait_seconds,
             lambda trials: self._sample_in_turn(study, trials, search_space),
         )
+
+    def _random_unseen(self, space: DiscreteSpace, seen: set[Config]) -> Config:
+        """A random configuration not in ``seen`` (any one when none is left), drawn from the
+        prior when there is one."""
+        if self._prior is None:
+            return space.random_unseen(self._rng, seen)
+        return SpacePrior(space, self._prior).sample_unseen(self._rng, seen)
 
     @abc.abstractmethod
     def _sample_in_turn(

@@ -35,12 +35,14 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_quant._optuna_private import fixed_params
+from optuna_quant._optuna_private import set_trial_system_attr
+from optuna_quant._optuna_private import storage_backend
+from optuna_quant._optuna_private import study_storage
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 
 CLAIM_KEY = "optuna_quant:claim"
-# Optuna's key for the parameters that ``enqueue_trial`` fixes (``optuna.trial.Trial``).
-FIXED_PARAMS_KEY = "fixed_params"
 DEFAULT_WAIT_SECONDS = 5.0
 _POLL_SECONDS = 0.02
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
@@ -57,8 +59,8 @@ def wait_bound(storage: BaseStorage, seconds: float) -> float:
         >>> wait_bound(optuna.storages.InMemoryStorage(), 5.0)
         5.0
     """
-    # A study wraps an RDBStorage in Optuna's _CachedStorage, which keeps it as ``_backend``.
-    backend = getattr(storage, "_backend", storage)
+    # As a study holds it, an RDBStorage is behind Optuna's cache.
+    backend = storage_backend(storage)
     if isinstance(backend, RDBStorage) and backend.heartbeat_interval is not None:
         grace = backend.grace_period or 2 * backend.heartbeat_interval
         return min(seconds, float(grace))
@@ -77,10 +79,10 @@ def other_trials(
         wait_seconds: The most to wait (see :func:`wait_bound`).
     """
     names = tuple(names)
-    deadline = time.monotonic() + wait_bound(study._storage, wait_seconds)
+    deadline = time.monotonic() + wait_bound(study_storage(study), wait_seconds)
     while True:
         # Not the study's per-ask cache: the point is to see what other workers wrote meanwhile.
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        trials = study.get_trials(deepcopy=False)
         undecided = [
             t
             for t in trials
@@ -101,7 +103,7 @@ def held_params(trial: FrozenTrial, names: Sequence[str]) -> dict[str, Any] | No
         return trial.params
     if CLAIM_KEY in trial.system_attrs:
         return json.loads(trial.system_attrs[CLAIM_KEY])
-    fixed = trial.system_attrs.get(FIXED_PARAMS_KEY)
+    fixed = fixed_params(trial)
     if fixed is not None and all(name in fixed for name in names):
         return fixed
     return None
@@ -143,5 +145,5 @@ def sample_in_turn(
     """
     params = choose(other_trials(study, trial, names, wait_seconds))
     if params:
-        study._storage.set_trial_system_attr(trial._trial_id, CLAIM_KEY, json.dumps(params))
+        set_trial_system_attr(study, trial, CLAIM_KEY, json.dumps(params))
     return params

@@ -7,7 +7,10 @@ they never propose one again while unseen configurations remain.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 import math
 from typing import Any
@@ -21,6 +24,8 @@ from optuna.study import Study
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
+
+from optuna_quant._optuna_private import study_identity
 
 Config = tuple[int, ...]
 
@@ -334,21 +339,23 @@ class SpaceCache:
         self, study: Study, trials: Iterable[FrozenTrial], search_space: Mapping[str, BaseDistribution]
     ) -> tuple[DiscreteSpace, History]:
         """The space of ``search_space`` and the history of ``trials`` on it."""
-        # Trial ids are unique within a storage only; holding the storage keeps its id unique.
-        key = (id(study._storage), study._study_id, tuple(sorted(search_space)))
+        # Trial numbers are unique within a study, study ids within a storage; holding the storage
+        # keeps id(storage) from passing to another one.
+        storage, study_id = study_identity(study)
+        key = (id(storage), study_id, tuple(sorted(search_space)))
         cached = self._entries.get(key)
         if cached is None or cached[1].distributions != dict(search_space):
-            cached = (study._storage, DiscreteSpace(search_space), {})
+            cached = (storage, DiscreteSpace(search_space), {})
             self._entries[key] = cached
         _, space, encoded = cached
 
         def encode(trial: FrozenTrial) -> Config | None:
             # A finished trial's parameters never change: each is encoded once per space.
-            if trial._trial_id in encoded:
-                return encoded[trial._trial_id]
+            if trial.number in encoded:
+                return encoded[trial.number]
             config = space.encode(trial.params)
             if trial.state.is_finished():
-                encoded[trial._trial_id] = config
+                encoded[trial.number] = config
             return config
 
         return space, History.collect(study, trials, encode, space.dim, np.int64)

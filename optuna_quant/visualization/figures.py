@@ -163,7 +163,7 @@ def pareto_front_figure(points: Sequence[FrozenTrial]) -> go.Figure:
                 params=t.params,
                 distributions=t.distributions,
                 user_attrs=t.user_attrs,
-                system_attrs=t.system_attrs,  # the constraints
+                constraints=t.constraints,
             )
             for t in points
         )

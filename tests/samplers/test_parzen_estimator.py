@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from optuna_quant.samplers._tpe.parzen_estimator import CategoricalDim
 from optuna_quant.samplers._tpe.parzen_estimator import gaussian_kernels
 from optuna_quant.samplers._tpe.parzen_estimator import linear_forgetting_weights
-from optuna_quant.samplers._tpe.parzen_estimator import log_gauss_mass
 from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
-from optuna_quant.samplers._tpe.parzen_estimator import NumericDim
 from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
+from optuna_quant.samplers._tpe.probability_distributions import CategoricalDim
+from optuna_quant.samplers._tpe.probability_distributions import NumericDim
+from optuna_quant.samplers._tpe.truncnorm import log_gauss_mass
 
 
 def phi(z: float) -> float:

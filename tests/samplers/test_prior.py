@@ -9,10 +9,10 @@ import pytest
 
 from optuna_quant.samplers import DiscreteGPSampler
 from optuna_quant.samplers import TPESampler
-from optuna_quant.samplers._tpe.parzen_estimator import CategoricalDim
+from optuna_quant.samplers._prior import validate_prior
 from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
 from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
-from optuna_quant.samplers._prior import validate_prior
+from optuna_quant.samplers._tpe.probability_distributions import CategoricalDim
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

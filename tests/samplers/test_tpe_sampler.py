@@ -13,11 +13,11 @@ from optuna.distributions import IntDistribution
 import pytest
 
 from optuna_quant.samplers._discrete import constraint_matrix
-from optuna_quant.samplers._tpe.sampler import _best_unseen_combination
-from optuna_quant.samplers._tpe.sampler import _min_choices
+from optuna_quant.samplers._tpe.candidates import best_unseen_combination
 from optuna_quant.samplers._tpe.sampler import quantile_gamma
 from optuna_quant.samplers._tpe.sampler import split_good_bad
 from optuna_quant.samplers._tpe.sampler import sqrt_gamma
+from optuna_quant.samplers._tpe.search_space import min_choices
 from optuna_quant.samplers import TPESampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -165,11 +165,11 @@ def test_running_trials_are_not_proposed_again(mode: str) -> None:
 
 def test_best_unseen_combination_is_best_first() -> None:
     scores = [{0: 2.0, 1: 1.0}, {0: 0.5, 1: 0.0, 2: -1.0}]
-    assert _best_unseen_combination(scores, set()) == (0, 0)
-    assert _best_unseen_combination(scores, {(0, 0)}) == (0, 1)
-    assert _best_unseen_combination(scores, {(0, 0), (0, 1)}) == (1, 0)
+    assert best_unseen_combination(scores, set()) == (0, 0)
+    assert best_unseen_combination(scores, {(0, 0)}) == (0, 1)
+    assert best_unseen_combination(scores, {(0, 0), (0, 1)}) == (1, 0)
     every = {(a, b) for a in range(2) for b in range(3)}
-    assert _best_unseen_combination(scores, every) is None
+    assert best_unseen_combination(scores, every) is None
 
 
 # ---- reproducibility ------------------------------------------------------------------------
@@ -214,8 +214,8 @@ def test_pot_m_is_the_fewest_choices_above_one() -> None:
         IntDistribution(0, 6, step=2),
         CategoricalDistribution(list("abc")),
     ]
-    assert _min_choices(distributions) == 3
-    assert _min_choices([FloatDistribution(0.0, 1.0)]) is None
+    assert min_choices(distributions) == 3
+    assert min_choices([FloatDistribution(0.0, 1.0)]) is None
 
 
 def test_pot_preset_draws_m_candidates(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,8 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from optuna_quant._optuna_private import cached_trials
+from optuna_quant._optuna_private import study_identity
 from optuna_quant.samplers import _coordination
 from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import choices_of
@@ -127,11 +129,7 @@ class DiscreteGPSampler(InTurnSampler):
         none has completed, so that the first workers of a study already avoid each other)."""
         space = self._intersection.calculate(study)
         if not space:
-            space = _shared_distributions(
-                t
-                for t in study._get_trials(deepcopy=False, use_cache=True)
-                if t.number != trial.number
-            )
+            space = _shared_distributions(t for t in cached_trials(study) if t.number != trial.number)
         return {name: d for name, d in sorted(space.items()) if not d.single()}
 
     def _sample_in_turn(
@@ -166,11 +164,9 @@ class DiscreteGPSampler(InTurnSampler):
         pending: np.ndarray,
         seen: set[Config],
     ) -> Config:
-        space_prior = None if self._prior is None else SpacePrior(space, self._prior)
         if len(history.values) < self._n_startup_trials:
-            if space_prior is not None:
-                return space_prior.sample_unseen(self._rng, seen)
-            return space.random_unseen(self._rng, seen)
+            return self._random_unseen(space, seen)
+        space_prior = None if self._prior is None else SpacePrior(space, self._prior)
         optimizer = self._optimizer_for(study, space, history)
         for config, value, row in zip(
             history.configs.tolist(),
@@ -196,7 +192,8 @@ class DiscreteGPSampler(InTurnSampler):
     ) -> BayesianOptimization:
         # Kept across trials of one study and space, so that the GPs warm-start their fits.
         n_constraints = 0 if history.constraints is None else history.constraints.shape[1]
-        key = (id(study._storage), study._study_id, space.names, space.choices, n_constraints)
+        storage, study_id = study_identity(study)
+        key = (id(storage), study_id, space.names, space.choices, n_constraints)
         # Several objectives are modelled by rank, and ranks shift as trials arrive: refit from scratch.
         if self._optimizer is None or self._optimizer_key != key or len(study.directions) > 1:
             ordinal = [

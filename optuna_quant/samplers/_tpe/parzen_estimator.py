@@ -1,13 +1,10 @@
 """Parzen estimators of the Tree-structured Parzen Estimator (Bergstra et al. 2011).
 
 TPE models the good and the bad observations of a study with one Parzen estimator each. This
-module holds the estimators; :mod:`optuna_quant.samplers._tpe.sampler` decides what to fit them to and
-which candidate to propose.
-
-Coordinates are those of Optuna's internal representation: a categorical value is its choice
-index, a number is its value. Numeric kernels are Gaussians truncated to the parameter's range (in
-log space for log-scaled parameters); for a parameter with a step, a kernel gives each grid value
-the Gaussian mass of the cell of width ``step`` around it.
+module holds the estimators, on the parameters and kernels of
+:mod:`optuna_quant.samplers._tpe.probability_distributions`;
+:mod:`optuna_quant.samplers._tpe.sampler` decides what to fit them to, and
+:mod:`optuna_quant.samplers._tpe.candidates` which candidate to propose.
 
 - :class:`UnivariateParzen` models each parameter on its own, as hyperopt's TPE and OpenVINO POT
   do: a categorical is the distribution of the weighted counts plus ``prior_weight`` pseudo-counts
@@ -29,85 +26,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-import math
-from typing import NamedTuple
-from typing import Union
 
 import numpy as np
-from optuna.distributions import BaseDistribution
-from optuna.distributions import CategoricalDistribution
-from optuna.distributions import FloatDistribution
-from optuna.distributions import IntDistribution
 
-
-class CategoricalDim(NamedTuple):
-    """A parameter whose values are the choice indices ``0 .. n_choices - 1``.
-
-    ``prior``: the prior probability of each choice (uniform when ``None``), which the prior
-    kernel of an estimator follows.
-    """
-
-    n_choices: int
-    prior: tuple[float, ...] | None = None
-
-    def prior_probs(self) -> np.ndarray:
-        """The prior probability of each choice."""
-        if self.prior is None:
-            return np.full(self.n_choices, 1.0 / self.n_choices)
-        return np.asarray(self.prior, dtype=float)
-
-
-class NumericDim(NamedTuple):
-    """An integer or float parameter on ``[low, high]``, on a grid of ``step`` unless it is None."""
-
-    low: float
-    high: float
-    step: float | None
-    log: bool
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        """The kernels' support in kernel coordinates: widened by half a step, log if ``log``."""
-        low, high = self.low, self.high
-        if self.step is not None:
-            low, high = low - self.step / 2, high + self.step / 2
-        if self.log:
-            return math.log(low), math.log(high)
-        return low, high
-
-    def to_kernel(self, x: np.ndarray) -> np.ndarray:
-        """Values in the coordinates the Gaussians live in."""
-        return np.log(x) if self.log else np.asarray(x, dtype=float)
-
-    def from_kernel(self, u: np.ndarray) -> np.ndarray:
-        """Kernel coordinates back to values, snapped to the grid when there is a step."""
-        x = np.exp(u) if self.log else u
-        if self.step is not None:
-            x = self.low + np.rint((x - self.low) / self.step) * self.step
-        return np.clip(x, self.low, self.high)
-
-
-Dim = Union[CategoricalDim, NumericDim]
-
-
-def dim_of(distribution: BaseDistribution) -> Dim:
-    """The estimator's view of an Optuna distribution.
-
-    Example:
-        >>> from optuna.distributions import IntDistribution
-        >>> dim_of(IntDistribution(1, 9, step=2))
-        NumericDim(low=1.0, high=9.0, step=2.0, log=False)
-    """
-    if isinstance(distribution, CategoricalDistribution):
-        return CategoricalDim(len(distribution.choices))
-    if isinstance(distribution, IntDistribution):
-        return NumericDim(
-            float(distribution.low), float(distribution.high), float(distribution.step), distribution.log
-        )
-    if isinstance(distribution, FloatDistribution):
-        step = None if distribution.step is None else float(distribution.step)
-        return NumericDim(float(distribution.low), float(distribution.high), step, distribution.log)
-    raise TypeError(f"Unsupported distribution {distribution!r}.")
+from optuna_quant.samplers._tpe.probability_distributions import CategoricalDim
+from optuna_quant.samplers._tpe.probability_distributions import Dim
+from optuna_quant.samplers._tpe.probability_distributions import gaussian_log_pdf
+from optuna_quant.samplers._tpe.probability_distributions import logsumexp
+from optuna_quant.samplers._tpe.probability_distributions import NumericDim
+from optuna_quant.samplers._tpe.probability_distributions import sample_categorical
+from optuna_quant.samplers._tpe.probability_distributions import sample_gaussians
 
 
 def linear_forgetting_weights(n: int, flat: int = 25) -> np.ndarray:
@@ -217,10 +145,10 @@ class UnivariateParzen(_Parzen):
         """``size`` draws, each parameter drawn on its own, as a ``(size, d)`` array."""
         out = np.empty((size, len(self._dims)))
         if self._cat:
-            out[:, self._cat] = _sample_categorical(rng, np.exp(self._cat_log_probs)[None], size)
+            out[:, self._cat] = sample_categorical(rng, np.exp(self._cat_log_probs)[None], size)
         for j, (mus, sigmas) in zip(self._num, self._gaussians):
             k = rng.choice(len(mus), size=size, p=self._mixture_weights)
-            out[:, j] = _sample_gaussians(rng, mus[k], sigmas[k], self._dims[j])
+            out[:, j] = sample_gaussians(rng, mus[k], sigmas[k], self._dims[j])
         return out
 
     def log_pdf(self, x: np.ndarray) -> np.ndarray:
@@ -232,8 +160,8 @@ class UnivariateParzen(_Parzen):
             out[:, self._cat] = self._cat_log_probs[np.arange(len(self._cat)), cat]
         log_w = np.log(self._mixture_weights)
         for j, (mus, sigmas) in zip(self._num, self._gaussians):
-            per_kernel = _gaussian_log_pdf(x[:, j], mus, sigmas, self._dims[j]) + log_w
-            out[:, j] = _logsumexp(per_kernel, axis=1)
+            per_kernel = gaussian_log_pdf(x[:, j], mus, sigmas, self._dims[j]) + log_w
+            out[:, j] = logsumexp(per_kernel, axis=1)
         return out
 
 
@@ -281,9 +209,9 @@ class MultivariateParzen(_Parzen):
         k = rng.choice(len(self._mixture_weights), size=size, p=self._mixture_weights)
         out = np.empty((size, len(self._dims)))
         if self._cat:
-            out[:, self._cat] = _sample_categorical(rng, self._cat_probs[:, k, :].transpose(1, 0, 2), size)
+            out[:, self._cat] = sample_categorical(rng, self._cat_probs[:, k, :].transpose(1, 0, 2), size)
         for j, (mus, sigmas) in zip(self._num, self._gaussians):
-            out[:, j] = _sample_gaussians(rng, mus[k], sigmas[k], self._dims[j])
+            out[:, j] = sample_gaussians(rng, mus[k], sigmas[k], self._dims[j])
         return out
 
     def log_pdf(self, x: np.ndarray) -> np.ndarray:
@@ -296,8 +224,8 @@ class MultivariateParzen(_Parzen):
             one_hot[np.arange(len(x))[:, None], cat] = 1.0
             per_kernel += one_hot @ self._cat_log_table
         for j, (mus, sigmas) in zip(self._num, self._gaussians):
-            per_kernel += _gaussian_log_pdf(x[:, j], mus, sigmas, self._dims[j])
-        return _logsumexp(per_kernel, axis=1)
+            per_kernel += gaussian_log_pdf(x[:, j], mus, sigmas, self._dims[j])
+        return logsumexp(per_kernel, axis=1)
 
 
 def _padded_priors(dims: Sequence[CategoricalDim], max_choices: int) -> np.ndarray:
@@ -334,101 +262,3 @@ def _categorical_log_probs(
     pseudo = np.where(valid, counts + pseudo_counts, 0.0)
     with np.errstate(divide="ignore"):
         return np.log(pseudo / pseudo.sum(axis=1, keepdims=True))
-
-
-def _sample_categorical(rng: np.random.RandomState, probs: np.ndarray, size: int) -> np.ndarray:
-    """Draw from ``probs`` of shape ``(1 or size, n_cat, max_choices)``: ``(size, n_cat)`` indices."""
-    cum = np.cumsum(probs, axis=-1)
-    cum[..., -1] = 1.0  # rounding must not leave room past the last choice
-    u = rng.random_sample((size, probs.shape[1]))
-    return (u[..., None] >= cum).sum(axis=-1)
-
-
-def _sample_gaussians(
-    rng: np.random.RandomState, mus: np.ndarray, sigmas: np.ndarray, dim: NumericDim
-) -> np.ndarray:
-    """One draw from each truncated Gaussian, returned as values on the parameter's grid."""
-    low, high = dim.bounds
-    out = np.empty(len(mus))
-    todo = np.arange(len(mus))
-    # Centres lie in the range and bandwidths are at most its width, so a draw lands in it with
-    # probability above 1/3: rejection ends quickly.
-    while todo.size:
-        u = rng.normal(mus[todo], sigmas[todo])
-        inside = (u >= low) & (u <= high)
-        out[todo[inside]] = u[inside]
-        todo = todo[~inside]
-    return dim.from_kernel(out)
-
-
-def _gaussian_log_pdf(
-    x: np.ndarray, mus: np.ndarray, sigmas: np.ndarray, dim: NumericDim
-) -> np.ndarray:
-    """``(m, n_kernels)`` log density (continuous) or log mass (with a step) of each kernel."""
-    low, high = dim.bounds
-    log_z = log_gauss_mass((low - mus) / sigmas, (high - mus) / sigmas)
-    if dim.step is None:
-        u = dim.to_kernel(x)[:, None]
-        z = (u - mus) / sigmas
-        log_pdf = -0.5 * z**2 - np.log(sigmas * math.sqrt(2 * math.pi)) - log_z
-        return log_pdf - u if dim.log else log_pdf
-    left = dim.to_kernel(x - dim.step / 2)[:, None]
-    right = dim.to_kernel(x + dim.step / 2)[:, None]
-    return log_gauss_mass((left - mus) / sigmas, (right - mus) / sigmas) - log_z
-
-
-def log_gauss_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``log(Phi(b) - Phi(a))`` of the standard normal, for ``a < b``, accurate far in the tails.
-
-    Example:
-        >>> float(np.exp(log_gauss_mass(np.array(-1.0), np.array(1.0))).round(6))
-        0.682689
-        >>> float(log_gauss_mass(np.array(40.0), np.array(41.0)).round(3))  # Phi underflows here
-        -804.608
-    """
-    a, b = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
-    # Mirror intervals left of 0 so that b > 0; then either both ends are in the right tail, or the
-    # interval spans 0.
-    left = b <= 0
-    a, b = np.where(left, -b, a), np.where(left, -a, b)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        log_qa = _log_upper_tail(np.abs(a))
-        log_qb = _log_upper_tail(b)
-        tail = log_qa + np.log1p(-np.exp(log_qb - log_qa))
-        middle = np.log1p(-(np.exp(_log_upper_tail(-np.minimum(a, 0.0))) + np.exp(log_qb)))
-    return np.where(a >= 0, tail, middle)
-
-
-# erfc(x) = t exp(-x^2 + P(t)), t = 1 / (1 + x / 2), P's coefficients from the highest power down.
-_ERFC_COEFFICIENTS = (
-    0.17087277,
-    -0.82215223,
-    1.48851587,
-    -1.13520398,
-    0.27886807,
-    -0.18628806,
-    0.09678418,
-    0.37409196,
-    1.00002368,
-    -1.26551223,
-)
-
-
-def _log_upper_tail(z: np.ndarray) -> np.ndarray:
-    """``log(1 - Phi(z))`` for ``z >= 0``, from the Chebyshev fit of erfc in Numerical Recipes.
-
-    The fit's relative error is below 1.2e-7 everywhere, and in log form it does not underflow.
-    """
-    x = z / math.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.5 * x)
-    poly = np.zeros_like(t)
-    for coefficient in _ERFC_COEFFICIENTS:
-        poly = poly * t + coefficient
-    return math.log(0.5) + np.log(t) - x * x + poly
-
-
-def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
-    top = np.max(a, axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):
-        return np.log(np.sum(np.exp(a - top), axis=axis)) + np.squeeze(top, axis=axis)

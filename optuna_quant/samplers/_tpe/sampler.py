@@ -3,7 +3,8 @@
 TPE (Bergstra et al. 2011, "Algorithms for Hyper-Parameter Optimization") splits the observations
 into good ones (the best ``gamma``) and bad ones, fits a Parzen estimator ``l(x)`` to the good and
 ``g(x)`` to the bad, draws candidates from ``l`` and proposes the one with the highest ``l(x) / g(x)``.
-The estimators live in :mod:`optuna_quant.samplers._tpe.parzen_estimator`; this module orchestrates.
+The estimators live in :mod:`optuna_quant.samplers._tpe.parzen_estimator` and the choice among
+the drawn candidates in :mod:`optuna_quant.samplers._tpe.candidates`; this module orchestrates.
 
 On a finite space (categorical, integer, and float-with-step parameters) the sampler never proposes
 a configuration that was already completed, failed, pruned or is still running while unseen ones
@@ -15,11 +16,9 @@ result of a repeat, which spends a trial on nothing new.
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 import functools
-import heapq
 import math
 from typing import Any
 
@@ -29,29 +28,32 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
+from optuna_quant._optuna_private import cached_trials
 from optuna_quant.samplers import _coordination
 from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
-from optuna_quant.samplers._discrete import grid_size
 from optuna_quant.samplers._discrete import History
-from optuna_quant.samplers._tpe.parzen_estimator import CategoricalDim
-from optuna_quant.samplers._tpe.parzen_estimator import Dim
-from optuna_quant.samplers._tpe.parzen_estimator import dim_of
-from optuna_quant.samplers._tpe.parzen_estimator import linear_forgetting_weights
-from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
-from optuna_quant.samplers._tpe.parzen_estimator import NumericDim
-from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
-from optuna_quant.samplers._prior import SpacePrior
+from optuna_quant.samplers._tpe.candidates import best_joint
+from optuna_quant.samplers._tpe.candidates import best_per_parameter
+from optuna_quant.samplers._tpe.candidates import draw_batches
+from optuna_quant.samplers._tpe.parzen_estimator import linear_forgetting_weights
+from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
+from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
+from optuna_quant.samplers._tpe.probability_distributions import CategoricalDim
+from optuna_quant.samplers._tpe.probability_distributions import Dim
+from optuna_quant.samplers._tpe.probability_distributions import dim_of
+from optuna_quant.samplers._tpe.probability_distributions import sample_uniform
+from optuna_quant.samplers._tpe.search_space import continuous_history
+from optuna_quant.samplers._tpe.search_space import indices_of
+from optuna_quant.samplers._tpe.search_space import is_finite
+from optuna_quant.samplers._tpe.search_space import min_choices
+from optuna_quant.samplers._tpe.search_space import values_of
 
 # Both hyperopt and Optuna cap the good set at 25 observations.
 _MAX_GOOD = 25
-# Candidate batches drawn, all of them seen, before a random unseen configuration is taken.
-_DRAW_ROUNDS = 4
-# Values of one numeric parameter beyond which the space is treated as continuous.
-_MAX_LISTED_VALUES = 10_000
 
 
 def quantile_gamma(gamma: float, n: int) -> int:
@@ -211,7 +213,7 @@ class TPESampler(InTurnSampler):
     ) -> Any:
         # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
-        trials = study._get_trials(deepcopy=False, use_cache=True)
+        trials = cached_trials(study)
         return self._sample(study, trials, {param_name: param_distribution}, never_repeat=False)[
             param_name
         ]
@@ -226,14 +228,14 @@ class TPESampler(InTurnSampler):
         names = sorted(search_space)
         dims = [self._dim(name, search_space[name]) for name in names]
         space: DiscreteSpace | None = None
-        if all(_is_finite(dist) for dist in search_space.values()):
+        if all(is_finite(dist) for dist in search_space.values()):
             space, history = self._spaces.history(study, trials, search_space)
             claimed = np.array(_coordination.claimed_configs(trials, space), np.int64)
             history.running = np.vstack([history.running, claimed.reshape(-1, space.dim)])
             history.seen |= set(map(tuple, claimed.tolist()))
-            observed, running = _values_of(history.configs, dims), _values_of(history.running, dims)
+            observed, running = values_of(history.configs, dims), values_of(history.running, dims)
         else:
-            history = _continuous_history(study, trials, names, search_space)
+            history = continuous_history(study, trials, names, search_space)
             observed, running = history.configs, history.running
         seen = None
         # Once every configuration was seen, repeats are unavoidable and the rule stands aside.
@@ -243,10 +245,10 @@ class TPESampler(InTurnSampler):
         if len(history.values) < self._n_startup_trials:
             x = self._random(space, dims, seen)
         else:
-            m = _min_choices(search_space.values())
+            m = min_choices(search_space.values())
             x = self._propose(history, observed, running, dims, m, space, seen)
         if space is not None:
-            return space.decode(_indices_of(x[None], dims)[0])
+            return space.decode(indices_of(x[None], dims)[0])
         return {
             name: search_space[name].to_external_repr(float(v)) for name, v in zip(names, x)
         }
@@ -276,10 +278,8 @@ class TPESampler(InTurnSampler):
         above = estimator(
             observed_bad, dims, linear_forgetting_weights(len(observed_bad)), prior_weight
         )
-        if self._multivariate:
-            x = _best_joint(self._rng, below, above, n_candidates, dims, seen)
-        else:
-            x = _best_per_parameter(self._rng, below, above, n_candidates, dims, seen)
+        best = best_joint if self._multivariate else best_per_parameter
+        x = best(draw_batches(self._rng, below, above, n_candidates), dims, seen)
         return self._random(space, dims, seen) if x is None else x
 
     def _dim(self, name: str, distribution: BaseDistribution) -> Dim:
@@ -297,12 +297,9 @@ class TPESampler(InTurnSampler):
         """A random point, from the prior when there is one; unseen when ``seen`` is given and one
         remains."""
         if space is None:
-            return _uniform(self._rng, dims)
-        if self._prior is None:
-            config = space.random_unseen(self._rng, seen or set())
-        else:
-            config = SpacePrior(space, self._prior).sample_unseen(self._rng, seen or set())
-        return _values_of(np.array(config)[None], dims)[0]
+            return sample_uniform(self._rng, dims)
+        config = self._random_unseen(space, seen or set())
+        return values_of(np.array(config)[None], dims)[0]
 
 
 def split_good_bad(
@@ -346,146 +343,3 @@ def _typical_sizes(constraints: np.ndarray) -> np.ndarray:
         if magnitudes.size and np.median(magnitudes) > 0:
             sizes[j] = np.median(magnitudes)
     return sizes
-
-
-def _best_joint(
-    rng: np.random.RandomState,
-    below: MultivariateParzen,
-    above: MultivariateParzen,
-    n_candidates: int,
-    dims: Sequence[Dim],
-    seen: set[Config] | None,
-) -> np.ndarray | None:
-    """The drawn candidate with the highest ``l(x) / g(x)``, the best unseen one under ``seen``."""
-    for _ in range(_DRAW_ROUNDS):
-        candidates = below.sample(rng, n_candidates)
-        log_ratio = below.log_pdf(candidates) - above.log_pdf(candidates)
-        order = np.argsort(-log_ratio, kind="stable")
-        if seen is None:
-            return candidates[order[0]]
-        configs = _indices_of(candidates, dims)
-        for i in order:
-            if tuple(configs[i].tolist()) not in seen:
-                return candidates[i]
-    return None
-
-
-def _best_per_parameter(
-    rng: np.random.RandomState,
-    below: UnivariateParzen,
-    above: UnivariateParzen,
-    n_candidates: int,
-    dims: Sequence[Dim],
-    seen: set[Config] | None,
-) -> np.ndarray | None:
-    """Each parameter's candidate with the highest ``l / g`` (hyperopt's rule).
-
-    Under ``seen``, the combinations of the drawn values are visited best-first by their summed
-    log ratio (the joint ratio of independent models) until an unseen one turns up.
-    """
-    scores: list[dict[int, float]] = [{} for _ in dims]
-    for _ in range(_DRAW_ROUNDS):
-        candidates = below.sample(rng, n_candidates)
-        log_ratio = below.log_pdf(candidates) - above.log_pdf(candidates)
-        if seen is None:
-            best = np.argmax(log_ratio, axis=0)
-            return candidates[best, np.arange(len(dims))]
-        configs = _indices_of(candidates, dims)
-        for j, by_index in enumerate(scores):
-            by_index.update(zip(configs[:, j].tolist(), log_ratio[:, j].tolist()))
-        config = _best_unseen_combination(scores, seen)
-        if config is not None:
-            return _values_of(np.array([config]), dims)[0]
-    return None
-
-
-def _best_unseen_combination(
-    scores: Sequence[Mapping[int, float]], seen: set[Config]
-) -> Config | None:
-    """The unseen combination of one index per parameter with the highest summed score.
-
-    Best-first search over the product of the per-parameter lists sorted by score: each
-    combination is reached once, by raising ranks in parameter order only, and the search stops
-    at the first unseen combination, after at most ``len(seen) + 1`` steps.
-
-    Example:
-        >>> _best_unseen_combination([{0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.5}], seen={(0, 1)})
-        (0, 0)
-    """
-    ranked = [sorted(s.items(), key=lambda item: -item[1]) for s in scores]
-    start = (0,) * len(ranked)
-    heap = [(-sum(r[0][1] for r in ranked), start, 0)]
-    while heap:
-        neg_score, ranks, first = heapq.heappop(heap)
-        config = tuple(r[k][0] for r, k in zip(ranked, ranks))
-        if config not in seen:
-            return config
-        for j in range(first, len(ranked)):
-            k = ranks[j]
-            if k + 1 < len(ranked[j]):
-                step = ranked[j][k][1] - ranked[j][k + 1][1]
-                heapq.heappush(heap, (neg_score + step, ranks[:j] + (k + 1,) + ranks[j + 1 :], j))
-    return None
-
-
-def _is_finite(distribution: BaseDistribution) -> bool:
-    """Whether the never-repeat rule can list the parameter's values.
-
-    A float without a step cannot; nor, in practice, an integer range of millions, whose values
-    a repeat would hardly hit anyway.
-    """
-    n_values = grid_size(distribution)
-    return n_values is not None and n_values <= _MAX_LISTED_VALUES
-
-
-def _min_choices(distributions: Iterable[BaseDistribution]) -> int | None:
-    """POT's ``M``: the fewest choices of a finite parameter with more than one."""
-    counts = [n for n in map(grid_size, distributions) if n is not None and n > 1]
-    return min(counts) if counts else None
-
-
-def _values_of(configs: np.ndarray, dims: Sequence[Dim]) -> np.ndarray:
-    """Index configurations of a :class:`DiscreteSpace` as the estimators' values."""
-    x = np.asarray(configs, dtype=float).reshape(-1, len(dims))
-    for j, d in enumerate(dims):
-        if isinstance(d, NumericDim):
-            x[:, j] = d.low + x[:, j] * d.step  # type: ignore[operator]
-    return x
-
-
-def _indices_of(x: np.ndarray, dims: Sequence[Dim]) -> np.ndarray:
-    """The estimators' values as index configurations of a :class:`DiscreteSpace`."""
-    configs = np.array(x, dtype=float)
-    for j, d in enumerate(dims):
-        if isinstance(d, NumericDim):
-            configs[:, j] = (configs[:, j] - d.low) / d.step  # type: ignore[operator]
-    return np.rint(configs).astype(np.int64)
-
-
-def _uniform(rng: np.random.RandomState, dims: Sequence[Dim]) -> np.ndarray:
-    """One uniform draw (log-uniform for log-scaled numbers)."""
-    x = np.empty(len(dims))
-    for j, d in enumerate(dims):
-        if isinstance(d, CategoricalDim):
-            x[j] = rng.randint(d.n_choices)
-        else:
-            low, high = d.bounds
-            x[j] = d.from_kernel(np.array([rng.uniform(low, high)]))[0]
-    return x
-
-
-def _continuous_history(
-    study: Study,
-    trials: Sequence[FrozenTrial],
-    names: Sequence[str],
-    search_space: Mapping[str, BaseDistribution],
-) -> History:
-    """A :class:`History` whose configurations are Optuna's internal values, for spaces that are
-    not finite."""
-
-    def encode(trial: FrozenTrial) -> list[float] | None:
-        if any(trial.distributions.get(name) != search_space[name] for name in names):
-            return None
-        return [search_space[name].to_internal_repr(trial.params[name]) for name in names]
-
-    return History.collect(study, trials, encode, len(names), float)
