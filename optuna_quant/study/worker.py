@@ -239,8 +239,8 @@ class Worker:
         postfix: dict[str, str] = {}
         best = best_trial(trials, self.objective.targets)
         if best is not None:
-            postfix["acc_loss"] = f"{best.user_attrs['acc_loss']:.4f}"
-            postfix["lat_diff"] = f"{best.user_attrs['lat_diff']:.4f}"
+            postfix["acc_loss"] = f"{records.acc_loss(best):.4f}"
+            postfix["lat_diff"] = f"{records.lat_diff(best):.4f}"
         if self.deadline is not None:
             postfix["time left"] = f"{max(0.0, self.deadline - time.monotonic()) / 60:.1f} min"
         self.bar.set_postfix(postfix, refresh=False)
