@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 import pytest
 
 from optuna_quant.measure.loss import Targets
+from optuna_quant.storages.artifacts import NotWritableError
 from optuna_quant.study.load_methods import LoadPlan
 from optuna_quant.study.load_methods import open_study
 from optuna_quant.study.load_methods import plan_load
@@ -119,3 +120,22 @@ def test_a_missing_study_falls_back_to_cold_start_with_a_log_line(caplog, method
 def test_an_unknown_method_is_refused() -> None:
     with pytest.raises(ValueError, match="Unknown trials_load_method 'hot_start'"):
         _plan("hot_start", optuna.storages.InMemoryStorage())
+
+
+def test_eval_of_a_missing_study_names_study_and_storage(make_study) -> None:
+    with pytest.raises(ValueError, match=r"No study 'nothing-here' in sqlite:///.*study\.db"):
+        make_study(study_name="nothing-here", trials_load_method="eval")
+
+
+def test_bad_input_under_cold_start_deletes_nothing(tmp_path, make_study) -> None:
+    kept = make_study()
+    kept.optimize(n_trials=2)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(FileNotFoundError):
+        make_study(model=tmp_path / "missing.onnx")
+    with pytest.raises(NotWritableError, match=r"artifact_dir '.*a-file/models' is not writable"):
+        make_study(artifact_dir=blocker / "models")
+    with pytest.raises(ValueError, match="n_trials"):
+        make_study(trials_load_method="warm_start").optimize(n_trials=-5)
+    assert len(optuna.load_study(study_name="optuna-quant", storage=f"sqlite:///{tmp_path}/study.db").trials) == 2

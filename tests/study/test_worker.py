@@ -95,3 +95,16 @@ def test_without_room_running_trials_of_others_are_waited_on_then_the_worker_sto
     assert decide(trials, 4, reference_stored=True) == (Step.WAIT, "running trial(s) [1, 3] of other workers")
     finished = _trials(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED, TrialState.COMPLETE)
     assert decide(finished, 4, reference_stored=True) == STOP
+
+
+def test_budget_counts_running_and_queued_trials_and_a_retried_trial_once() -> None:
+    study = optuna.create_study()
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))  # its worker died: retried below
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"retry_history": [1]}))
+    assert counted_trials(study.trials) == 2
+    assert study.ask().number == 2  # the retry is popped: it takes the failed trial's place
+    assert counted_trials(study.trials) == 2
+    study.ask()
+    study.enqueue_trial({})
+    assert counted_trials(study.trials) == 4  # running and queued trials count
