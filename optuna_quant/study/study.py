@@ -1,4 +1,5 @@
-"""``create_study``: a quantization study on Optuna, with POT's options and best-result rule.
+"""``create_study``: a quantization study on Optuna, with POT's options; :class:`QuantStudy` runs
+it, reports its best trial and exports that trial's int8 model.
 
 Example:
     >>> import optuna_quant as oq
@@ -178,7 +179,12 @@ class QuantStudy:
 
     @property
     def best_result(self) -> BestResult | None:
-        """The best trial by POT's rule: within the accuracy target, the fastest; else lowest loss."""
+        """The best trial (:func:`optuna_quant.trial.results.best_trial`), or ``None`` before any.
+
+        Among the trials within the accuracy target, the highest ``lat_diff`` (ties: the lower
+        ``acc_loss``), as POT; when none is within it, the lowest ``acc_loss`` among the trials at
+        least as fast as fp32 (among all when none is).
+        """
         trial = best_trial(self.study.get_trials(deepcopy=False), self.targets)
         return None if trial is None else BestResult.from_trial(trial, self.targets)
 

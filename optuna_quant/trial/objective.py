@@ -195,7 +195,7 @@ class QuantizationObjective:
 
     def record(self, trial: optuna.Trial, measurement: Measurement, loss: float) -> None:
         """Record ``measurement`` and its loss on ``trial``."""
-        attrs = {**measurement.user_attrs(), "loss": loss}
+        attrs = {**measurement.user_attrs(), records.LOSS_KEY: loss}
         records.record_result(trial, attrs, self.targets.constraints(measurement.acc_loss, measurement.lat_diff))
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
@@ -224,8 +224,8 @@ class QuantizationObjective:
             records.copy_result(trial, previous)
             _logger.info(
                 "Params already evaluated. Returning previous result: acc_loss: %.4f lat_diff: %.4f",
-                previous.user_attrs["acc_loss"],
-                previous.user_attrs["lat_diff"],
+                records.acc_loss(previous),
+                records.lat_diff(previous),
             )
             self._log_end(seen, trial.number, total)
             return list(previous.values) if self.settings.objective_mode == "pareto" else float(previous.value)
@@ -291,7 +291,7 @@ class QuantizationObjective:
             params,
             self.space.distributions(),
             values if isinstance(values, list) else [values],
-            {**measurement.user_attrs(), "loss": loss},
+            {**measurement.user_attrs(), records.LOSS_KEY: loss},
             self.targets.constraints(measurement.acc_loss, measurement.lat_diff),
         )
 

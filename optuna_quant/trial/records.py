@@ -1,11 +1,12 @@
-"""The records a study keeps: the one module that reads and writes what optuna-quant stores.
+"""The schema of what optuna-quant stores: every key, with the functions that write and read it.
 
-Study user attrs, written when the study is made or by its reference trial, then only read:
-the search space, the targets, the model's fingerprint, the node-to-module map of a torch model,
-the fp32 accuracy and latency, the loss scaling of the reference, and the per-layer sensitivity
-measured after it (:mod:`optuna_quant.trial.guidance`). Trial user attrs: the
-measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
-reference flag, the trial a duplicate copied and the reason of a failure.
+Study user attrs, written when the study is made (:func:`share_records`) or by its reference
+trial, then only read: the search space, the targets, the model's fingerprint, the node-to-module
+map of a torch model, the fp32 accuracy and latency, the loss scaling of the reference, and the
+per-layer sensitivity measured after it (:mod:`optuna_quant.trial.guidance`). Trial user attrs:
+the measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
+reference flag, the trial a duplicate copied and the reason of a failure. No other module names a
+key: the rest of the package reads the records through the readers here.
 
 A stored space equals another when their Optuna distributions are equal (the same parameters with
 the same choices): that one rule decides whether a worker may join a study. Writes that depend on
@@ -53,6 +54,12 @@ DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
+# The measurement's keys: :meth:`optuna_quant.measure.measurer.Measurement.user_attrs` writes
+# them, in a layer below this one; the objective adds the loss.
+ACC_LOSS_KEY = "acc_loss"
+LAT_DIFF_KEY = "lat_diff"
+ACCURACY_KEY = "accuracy"
+LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
@@ -116,6 +123,12 @@ def stored_space(study: optuna.Study) -> SearchSpace:
     return SearchSpace.from_dict(stored)
 
 
+def stored_targets(study: optuna.Study) -> Targets | None:
+    """The targets stored with ``study`` when it was made; ``None`` if optuna-quant did not make it."""
+    stored = study.user_attrs.get(TARGETS_KEY)
+    return None if stored is None else Targets(**stored)
+
+
 def node_modules(study: optuna.Study) -> dict[str, str]:
     """For a study of a ``torch.nn.Module``: the module name of each tunable ONNX node."""
     return dict(study.user_attrs.get(MODULES_KEY, {}))
@@ -127,6 +140,11 @@ def reference_scaling(study: optuna.Study) -> tuple[float, LossScaling] | None:
     if SCALING_KEY not in attrs:
         return None
     return attrs[FP32_ACCURACY_KEY], LossScaling.from_dict(attrs[SCALING_KEY])
+
+
+def stored_fp32_accuracy(study: optuna.Study) -> float | None:
+    """The fp32 accuracy stored by the reference, or ``None`` before it."""
+    return study.user_attrs.get(FP32_ACCURACY_KEY)
 
 
 def store_reference(study: optuna.Study, fp32_accuracy: float, fp32_latency_ms: float, scaling: LossScaling) -> None:
@@ -157,6 +175,11 @@ def stored_guidance(study: optuna.Study) -> tuple[dict[str, Any], dict[str, Any]
     if SENSITIVITY_KEY not in attrs or GUIDANCE_KEY not in attrs:
         return None
     return attrs[SENSITIVITY_KEY], attrs[GUIDANCE_KEY]
+
+
+def stored_sensitivity(study: optuna.Study) -> dict[str, dict[str, Any]] | None:
+    """The per-layer sensitivity stored by :func:`store_guidance`, or ``None``."""
+    return study.user_attrs.get(SENSITIVITY_KEY)
 
 
 def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:
@@ -211,7 +234,27 @@ def is_measuring(trial: FrozenTrial) -> bool:
 
 def measured(trial: FrozenTrial) -> bool:
     """Whether ``trial`` holds a measurement of its own or a copied one."""
-    return "acc_loss" in trial.user_attrs
+    return ACC_LOSS_KEY in trial.user_attrs
+
+
+def acc_loss(trial: FrozenTrial) -> float:
+    """The relative accuracy loss against fp32 of a :func:`measured` trial."""
+    return trial.user_attrs[ACC_LOSS_KEY]
+
+
+def lat_diff(trial: FrozenTrial) -> float:
+    """The speed-up against fp32 (``fp32_latency / int8_latency``) of a :func:`measured` trial."""
+    return trial.user_attrs[LAT_DIFF_KEY]
+
+
+def int8_accuracy(trial: FrozenTrial) -> float | None:
+    """The int8 model's score from ``eval_fn`` that ``trial`` recorded, or ``None``."""
+    return trial.user_attrs.get(ACCURACY_KEY)
+
+
+def loss(trial: FrozenTrial) -> float | None:
+    """POT's loss that ``trial`` recorded beside its value(s), or ``None``."""
+    return trial.user_attrs.get(LOSS_KEY)
 
 
 def record_result(trial: optuna.Trial, attrs: Mapping[str, Any], constraints: Mapping[str, float]) -> None:

@@ -294,3 +294,21 @@ def test_a_noisy_timing_is_timed_again(cnn_path, calib, agreement, fast_bench, c
     assert len(noisy) == RETIMES and all("contended" in line for line in noisy)
     assert [line.rsplit("(", 1)[1] for line in noisy] == [f"{k} / {RETIMES})." for k in range(1, RETIMES + 1)]
     assert measured.latency.contended and measured.lat_diff > 0
+
+
+def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_study) -> None:
+    study = make_study(
+        accuracy_loss=50.0, latency_reduce=0.1, objective_mode="pareto", artifact_dir=tmp_path / "models",
+    )
+    best = study.optimize(n_trials=4)
+    assert [d.name for d in study.study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    assert study.study.metric_names == ["acc_loss", "lat_diff"]
+    for trial in study.trials:
+        assert trial.values == [trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"]]
+    assert best.lat_diff == max(t.user_attrs["lat_diff"] for t in study.trials)  # all within accuracy
+    # Optuna's front holds feasible trials only: with targets every trial meets, it cannot be empty.
+    # No trial dominates POT's best: the highest lat_diff, the lowest acc_loss among ties.
+    assert best.number in {t.number for t in study.study.best_trials}
+    assert (tmp_path / "models").is_dir()
+    with pytest.raises(ValueError, match="'loss' mode"):
+        make_study(trials_load_method="warm_start")
