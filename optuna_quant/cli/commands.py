@@ -48,9 +48,9 @@ from optuna_quant.visualization.report import write_report
 from optuna_quant.trial.results import BestResult
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.urls import describe
-from optuna_quant.storages.rdb import open_storage
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.urls import sqlite_file
-from optuna_quant.storages.rdb import StorageError
+from optuna_quant.storages.urls import StorageError
 from optuna_quant.study import create_study
 from optuna_quant.study import QuantStudy
 

@@ -47,13 +47,15 @@ from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
 from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.trial.space import SCOPES
-from optuna_quant.storages.rdb import default_artifact_dir
-from optuna_quant.storages.rdb import GRACE_PERIOD
-from optuna_quant.storages.rdb import HEARTBEAT_INTERVAL
-from optuna_quant.storages.rdb import open_storage
-from optuna_quant.storages.rdb import optuna_warnings_off
+from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.heartbeat import GRACE_PERIOD
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.heartbeat import HEARTBEAT_INTERVAL
+from optuna_quant.storages.lock import in_memory
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.lock import StudyLock
+from optuna_quant.storages.rdb import default_artifact_dir
+from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.study.worker import Worker
 
 __all__ = ["FINE_TUNE_SUFFIX", "QuantStudy", "TRIALS_LOAD_METHODS", "create_study"]
@@ -117,6 +119,11 @@ class QuantStudy:
         """The lock that every worker of this study shares."""
         return self.objective.lock
 
+    @property
+    def heartbeat(self) -> Heartbeat | None:
+        """This worker's heartbeat; ``None`` for a storage that no other process can open."""
+        return self.objective.heartbeat
+
     def optimize(
         self,
         n_trials: int | None = None,
@@ -129,7 +136,7 @@ class QuantStudy:
         ``n_trials`` is the study's total, shared by every worker and counting the reference:
         under ``warm_start`` the earlier trials count, and workers on one storage stop together
         at ``n_trials``. A trial that fails is recorded as failed with its reason and the run goes
-        on; a trial whose worker died is failed by Optuna's heartbeat and run again by another
+        on; a trial whose worker died is failed by the heartbeat and run again by another
         worker (see :mod:`optuna_quant.study.worker`). At the end the best model is stored as an
         artifact of the study.
 
@@ -165,6 +172,7 @@ class QuantStudy:
                     self.storage,
                     self.objective,
                     self.lock,
+                    self.heartbeat,
                     n_trials,
                     timeout=timeout,
                     callbacks=[self.figures, *callbacks],
@@ -304,9 +312,10 @@ def create_study(
         latency_weight: Weight of the latency term of POT's loss.
         sampler: ``"tpe"`` (default), ``"gp"``, ``"random"``, or any Optuna sampler.
         seed: Seed of a sampler given by name.
-        storage: Any Optuna storage URL or object; default an SQLite file, ``optuna_quant.db``.
-            Every database runs Optuna's heartbeat, which runs again the trial of a worker that
-            died; a database server (``postgresql://...``) lets workers on many machines share it.
+        storage: A storage URL or Optuna storage object; default an SQLite file,
+            ``optuna_quant.db``. PostgreSQL, MySQL/MariaDB, a journal file on a shared file system
+            (``journal:PATH``) or Optuna's gRPC proxy (``grpc://HOST:PORT``) let workers on many
+            machines share it (:mod:`optuna_quant.storages.factory`); any other is refused.
         study_name: The study's name in the storage.
         trials_load_method: ``cold_start``, ``warm_start``, ``fine_tune`` or ``eval`` (POT's).
             Every worker of a shared study uses ``warm_start``: it runs on the search space that
@@ -327,7 +336,8 @@ def create_study(
             optuna-dashboard shows. ``best_result`` follows POT's rule in both.
         artifact_dir: Folder of the artifact store for the best model (optuna-dashboard's
             ``--artifact-dir``); default beside the SQLite file, or ``./optuna_quant-artifacts``.
-        heartbeat_interval: Seconds between heartbeats of a running trial (every database).
+        heartbeat_interval: Seconds between heartbeats of a running trial (on every storage but
+            one in memory), which run again the trial of a worker that died.
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
             folding, graph optimization) before quantizing it; fp32 accuracy and latency are
@@ -343,8 +353,8 @@ def create_study(
     Raises:
         ValueError, TypeError, FileNotFoundError: For bad input or a stored study made with
             another search space, before any trial runs; a storage that cannot be opened raises
-            :class:`optuna_quant.storages.rdb.StorageError` (a ``ValueError``) naming its URL, before
-            anything is written.
+            :class:`optuna_quant.storages.urls.StorageError` (a ``ValueError``) naming its URL, and
+            so does one whose workers optuna-quant cannot keep apart, before anything is written.
     """
     # Stages, in this order so that nothing stored is touched before every check passed:
     # settings; the storage, read only; the model and data (preparation, calibration: the
@@ -360,7 +370,8 @@ def create_study(
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
-    storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    heartbeat = Heartbeat(heartbeat_interval, grace_period)
+    storage_obj = open_storage(storage, grace_period=grace_period)
     node_modules: dict[str, str] = {}
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.quantization.torch_export import export_module
@@ -368,7 +379,9 @@ def create_study(
         model, node_modules = export_module(model, example_inputs)
     scopes = tuple(scopes)
     plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
-    lock = study_lock(storage_obj, plan.name)
+    if in_memory(storage_obj):
+        heartbeat = None  # no other process can watch it
+    lock = study_lock(storage_obj, plan.name, heartbeat)
     objective = QuantizationObjective(
         model,
         calibration_data,
@@ -383,6 +396,7 @@ def create_study(
         stop_on_target=stop_on_target,
         objective_mode=objective_mode,
         lock=lock,
+        heartbeat=heartbeat,
         pre_process=pre_process,
         guided=sensitivity,
     )

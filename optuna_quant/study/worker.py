@@ -1,10 +1,12 @@
 """The worker loop: how every process that shares a study decides whether to run one more trial.
 
 Each decision is taken under the study lock (:func:`optuna_quant.storages.lock.study_lock`) from the
-study's trials alone (rules 2 to 6 are :func:`decide`), and the lock is held until Optuna has asked
-for the trial, so the count that allowed it includes it for the next worker:
+study's trials alone (rules 2 to 6 are :func:`decide`), and the lock is held until Optuna has
+created or popped the trial, so the count that allowed it includes it for the next worker; then
+the lock is released and the trial beats (:class:`optuna_quant.storages.heartbeat.Heartbeat`)
+while its objective runs:
 
-1. fail the trials of dead workers (Optuna's heartbeat: they are queued again);
+1. fail the trials of dead workers (their heartbeat went stale: they are queued again);
 2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
 3. until the reference stored its scaling: wait while it runs, pop it (or a trial the user
    queued) if one is queued, queue it if it is missing and the budget has room;
@@ -18,13 +20,15 @@ Every wait is :class:`optuna_quant.storages.waiting.Waiter`'s: it ends when the 
 once its worker's heartbeat is stale for the grace period.
 
 Example:
-    >>> Worker(study, storage, objective, lock, n_trials=40).run()   # doctest: +SKIP
+    >>> Worker(study, storage, objective, lock, Heartbeat(), n_trials=40).run()   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from contextlib import ExitStack
+from contextlib import nullcontext
 import enum
 import logging
 import time
@@ -38,7 +42,6 @@ from tqdm import tqdm
 
 from optuna_quant.trial import guidance
 from optuna_quant.trial import records
-from optuna_quant._optuna_private import record_first_heartbeat
 from optuna_quant._optuna_private import stop_orphan_heartbeats
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.objective import QuantizationObjective
@@ -46,7 +49,8 @@ from optuna_quant.trial.reference import check_baseline
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.stopping import target_reached
-from optuna_quant.storages.rdb import MAX_RETRY
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.heartbeat import MAX_RETRY
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
@@ -159,6 +163,7 @@ class Worker:
         storage: The storage the study was opened on.
         objective: The quantization objective.
         lock: The study lock every worker shares.
+        heartbeat: This worker's heartbeat; ``None`` for a storage no other process can open.
         n_trials: The study's total trials (POT's ``max_trials``); ``None`` for no limit.
         timeout: Seconds after which no trial starts (POT's ``max_minutes * 60``).
         callbacks: Optuna ``optimize`` callbacks, called after each trial (each trial is one
@@ -172,6 +177,7 @@ class Worker:
         storage: optuna.storages.BaseStorage,
         objective: QuantizationObjective,
         lock: StudyLock,
+        heartbeat: Heartbeat | None,
         n_trials: int | None,
         timeout: float | None = None,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
@@ -181,12 +187,14 @@ class Worker:
         self.storage = storage
         self.objective = objective
         self.lock = lock
+        self.heartbeat = heartbeat
         self.n_trials = n_trials
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
-        self.waiter = Waiter()
+        self.waiter = Waiter(heartbeat)
         self.prior_set = False
+        self.reference_stored = False
 
     def run(self) -> None:
         """Run trials until the study needs no more from this worker.
@@ -199,7 +207,7 @@ class Worker:
             check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
         with self.bar:
             while True:
-                (step, trials), held = self.waiter.until(self.lock, self.study, self._look, fail_stale=True)
+                (step, trials), held = self.waiter.until(self.lock, self.study, self._look)
                 if step == Step.STOP:
                     held.close()
                     return
@@ -207,13 +215,14 @@ class Worker:
                 # Optuna asks for the trial under the lock; the objective releases it.
                 self._run_one(held, trials)
 
-    def _look(self) -> tuple[tuple[Step, list[FrozenTrial]] | None, str]:
-        trials = self.study.get_trials(deepcopy=False)
+    def _look(self, trials: Sequence[FrozenTrial]) -> tuple[tuple[Step, Sequence[FrozenTrial]] | None, str]:
         self._show(trials)
+        # Stored once for all: one read less under the lock once it is.
+        self.reference_stored = self.reference_stored or records.reference_scaling(self.study) is not None
         step, waiting_on = decide(
             trials,
             self.n_trials,
-            reference_stored=records.reference_scaling(self.study) is not None,
+            reference_stored=self.reference_stored,
             past_deadline=self.deadline is not None and time.monotonic() >= self.deadline,
             stop_targets=self.objective.targets if self.objective.settings.stop_on_target else None,
         )
@@ -236,10 +245,10 @@ class Worker:
 
         def objective(trial: optuna.Trial) -> Any:
             asked.append(trial)  # first: a Ctrl-C from here on queues the trial again
-            record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
-            lock.close()
+            lock.close()  # the trial counts for the next worker: no more under the lock
             try:
-                return self.objective.run(trial, self.n_trials)
+                with self._beating(trial):
+                    return self.objective.run(trial, self.n_trials)
             except ReferenceMeasurementError as err:
                 reference_error.append(err)
                 raise
@@ -248,10 +257,11 @@ class Worker:
             self.study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=self.callbacks)
         except KeyboardInterrupt:
             # Before the objective ran (in Optuna's ask: the sampler), the lock is still held and
-            # the asked trial is the one that became RUNNING under it.
+            # the asked trial is the one that became RUNNING under it. A trial interrupted later
+            # is failed here rather than after its grace period.
             number = asked[0].number if asked else _newly_running(before, self.study.get_trials(deepcopy=False))
             lock.close()
-            stop_orphan_heartbeats()  # a Ctrl-C in Optuna's heartbeat entry would keep the process alive
+            stop_orphan_heartbeats()  # on a storage with Optuna's own heartbeat, its thread may be left
             if number is not None:
                 self._requeue(number)
             raise
@@ -259,6 +269,9 @@ class Worker:
             lock.close()  # when Optuna's ask itself failed
         if reference_error:
             raise reference_error[0]
+
+    def _beating(self, trial: optuna.Trial) -> AbstractContextManager[None]:
+        return nullcontext() if self.heartbeat is None else self.heartbeat.beating(self.study, trial)
 
     def _requeue(self, number: int) -> None:
         """Fail and queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""

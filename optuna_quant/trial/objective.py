@@ -6,8 +6,8 @@ parameters into a configuration of its search space and has the
 :class:`~optuna_quant.measure.measurer.Measurer` measure it; the reference that scales the loss
 is :mod:`optuna_quant.trial.reference`, the stored records :mod:`optuna_quant.trial.records`.
 A configuration that a trial measured already is not measured again: the trial copies that
-result. One that a running trial claimed is waited for (:class:`optuna_quant.storages.waiting.Waiter`),
-then copied.
+result. One that a lower-numbered running trial holds is waited for
+(:class:`optuna_quant.storages.waiting.Waiter`), then copied.
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 import logging
@@ -39,6 +39,8 @@ from optuna_quant.measure.loss import weighted_loss
 from optuna_quant.measure.measurer import Measurement
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.samplers._coordination import held_params
+from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import records
@@ -97,6 +99,8 @@ class QuantizationObjective:
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
+        heartbeat: This worker's heartbeat, which ends a wait on a dead worker's trial; none
+            needed for a single process.
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
             (:class:`~optuna_quant.measure.measurer.Measurer`).
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
@@ -129,6 +133,7 @@ class QuantizationObjective:
         stop_on_target: bool = False,
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
+        heartbeat: Heartbeat | None = None,
         pre_process: bool = True,
         guided: bool = False,
     ) -> None:
@@ -145,6 +150,7 @@ class QuantizationObjective:
         self.space = space or SearchSpace.from_model(self.measurer.prepared.prepared, scopes=scopes, nodes=nodes)
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext
+        self.heartbeat = heartbeat
         self.scaling: LossScaling | None = None
         self.started = time.perf_counter()
 
@@ -302,34 +308,35 @@ class QuantizationObjective:
     def _claim(
         self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
     ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
-        """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
+        """The trial that measured ``params`` already, or ``None`` when ``trial`` measures them.
 
-        A configuration that another running trial claimed is waited for, so that no two workers
-        measure it; if that trial's worker dies, the heartbeat fails it and this one measures.
+        Of the running trials that hold one configuration the lowest-numbered measures it, and
+        the others wait for it, then copy its result: so ``trial`` first waits until every
+        lower-numbered running trial holds its configuration. The trial numbers decide, so no
+        lock is taken; if the measuring trial's worker dies, the heartbeat fails that trial and
+        the next one measures.
 
         Returns:
             That trial or ``None``, and the complete and running trials read to decide: the
             stop-on-target check and the trial's last log line reuse them.
         """
+        names = list(params)
 
-        def look() -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
-            measuring = None
-            seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        def look(seen: Sequence[FrozenTrial]) -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
             for other in seen:
-                if other.number == trial.number or other.params != params:
+                if other.state == TrialState.COMPLETE and other.params == params and records.measured(other):
+                    return (other, list(seen)), ""
+            for other in seen:
+                if other.state != TrialState.RUNNING or other.number >= trial.number:
                     continue
-                if other.state == TrialState.COMPLETE and records.measured(other):
-                    return (other, seen), ""
-                if other.state == TrialState.RUNNING and records.is_measuring(other):
-                    measuring = other
-            if measuring is None:
-                records.claim(trial)
-                return (None, seen), ""
-            return None, f"trial {measuring.number}, which measures the same configuration"
+                held = held_params(other, names)
+                if held is None:
+                    return None, f"trial {other.number} to choose its configuration"
+                if all(held[name] == params[name] for name in names):
+                    return None, f"trial {other.number}, which measures the same configuration"
+            return (None, list(seen)), ""
 
-        found, held = Waiter().until(self.lock, study, look)
-        held.close()
-        return found
+        return Waiter(self.heartbeat).watch(self.lock, study, look, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def _log_end(self, seen: list[FrozenTrial], number: int, total: object, current: Result | None = None) -> None:
         # ``seen`` was read before measuring: a trial another worker finished meanwhile is missing,

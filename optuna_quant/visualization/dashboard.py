@@ -24,7 +24,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 from optuna_quant.visualization.figures import study_figures
-from optuna_quant.storages.rdb import open_storage
+from optuna_quant.storages.factory import open_storage
 
 _logger = logging.getLogger("optuna_quant")
 
@@ -39,7 +39,7 @@ def study_url(
 
     Raises:
         KeyError: If the storage holds no study of that name.
-        optuna_quant.storages.rdb.StorageError: If ``storage`` is a URL that cannot be opened.
+        optuna_quant.storages.urls.StorageError: If ``storage`` is a URL that cannot be opened.
     """
     study_id = open_storage(storage).get_study_id_from_name(study_name)
     return f"http://{host}:{port}/dashboard/studies/{study_id}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.storages import InMemoryStorage
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
 import pytest
 
 try:
@@ -63,6 +61,13 @@ def test_storage_backend_is_the_storage_behind_the_cache(storage: BaseStorage) -
         assert private.storage_backend(storage) is storage
 
 
+def test_a_journal_storage_is_no_cache(tmp_path: Path) -> None:
+    # A journal storage has a ``_backend`` too, its log's: it is no cache to see through.
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "log")))
+    with relied_on("_CachedStorage"):
+        assert private.study_storage(optuna.create_study(storage=journal)) is journal
+
+
 def test_study_identity_is_the_storage_and_the_study_id(storage: BaseStorage) -> None:
     optuna.create_study(storage=storage, study_name="first")
     study = optuna.create_study(storage=storage, study_name="second")
@@ -85,11 +90,22 @@ def test_cached_trials_are_read_once_per_ask(storage: BaseStorage) -> None:
 
 def test_a_system_attr_of_a_running_trial_is_written(storage: BaseStorage) -> None:
     study = optuna.create_study(storage=storage)
-    study.ask()
+    asked = study.ask()
     (running,) = study.get_trials(deepcopy=False)
     with relied_on("Study._storage and FrozenTrial._trial_id"):
         private.set_trial_system_attr(study, running, "optuna_quant:test", [1, 2])
+    with relied_on("Study._storage and Trial._trial_id"):
+        private.set_trial_system_attr(study, asked, "optuna_quant:beat", 3)
     assert study.get_trials()[0].system_attrs["optuna_quant:test"] == [1, 2]
+    assert study.get_trials()[0].system_attrs["optuna_quant:beat"] == 3
+
+
+def test_a_trial_id_is_what_the_storage_takes(storage: BaseStorage) -> None:
+    study = optuna.create_study(storage=storage)
+    study.ask()
+    (running,) = study.get_trials(deepcopy=False)
+    with relied_on("FrozenTrial._trial_id"):
+        assert storage.get_trial(private.trial_id(running)).number == running.number
 
 
 def test_fixed_params_are_enqueue_trials(storage: BaseStorage) -> None:
@@ -100,30 +116,6 @@ def test_fixed_params_are_enqueue_trials(storage: BaseStorage) -> None:
     with relied_on("the 'fixed_params' system attribute of Study.enqueue_trial"):
         assert private.fixed_params(waiting) == {"x": 2}, "enqueue_trial's 'fixed_params' system attribute"
         assert private.fixed_params(added) is None
-
-
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_the_first_heartbeat_spares_a_trial_that_never_beat_from_failing(tmp_path: Path) -> None:
-    failed = []
-    storage = _rdb(tmp_path, heartbeat=True, heartbeat_stale_trial_callback=lambda s, t: failed.append(t.number))
-    study = optuna.create_study(storage=storage)
-    beaten, silent = study.ask(), study.ask()
-    with relied_on("Trial._trial_id"):
-        private.record_first_heartbeat(storage, beaten)
-    later = datetime.datetime.now() + datetime.timedelta(seconds=1)
-    with relied_on("the RDB storage's TrialModel, its heartbeats, and _create_scoped_session"):
-        private.fail_never_beaten(study, started_before=later)
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    assert states == [TrialState.RUNNING, TrialState.FAIL], "a trial's first heartbeat, or TrialModel.heartbeats"
-    assert failed == [silent.number], "the storage's stale-trial callback"
-
-
-def test_without_heartbeat_nothing_is_failed(storage: BaseStorage) -> None:
-    study = optuna.create_study(storage=storage)
-    trial = study.ask()
-    private.record_first_heartbeat(storage, trial)
-    private.fail_never_beaten(study, started_before=datetime.datetime.now() + datetime.timedelta(seconds=1))
-    assert study.get_trials()[0].state == TrialState.RUNNING
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")

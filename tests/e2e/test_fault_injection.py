@@ -1,4 +1,5 @@
-"""Workers killed at random points of their trials, on SQLite and on a real PostgreSQL server.
+"""Workers killed at random points of their trials, on every storage that workers may share: SQLite,
+real PostgreSQL and MariaDB servers, a journal file, and Optuna's gRPC proxy in front of PostgreSQL.
 
 Three worker processes (``tests/worker_script.py``) share one study. Workers SIGKILL themselves in
 the middle of a stage (calibration, the reference, an evaluation, a latency measurement) and the
@@ -28,6 +29,7 @@ from optuna.trial import TrialState
 import pytest
 
 from conftest import subprocess_env
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.trial.records import is_reference
 from optuna_quant.trial.records import WORKER_KEY
 from optuna_quant.study.worker import counted_trials
@@ -54,6 +56,7 @@ class Crew:
     outputs: list[str] = field(default_factory=list)
     killed: int = 0
     n_trials: int = N_TRIALS
+    storage: optuna.storages.BaseStorage | None = None
 
     def start(self, *extra: str) -> subprocess.Popen[str]:
         worker = subprocess.Popen(
@@ -100,8 +103,9 @@ class Crew:
         self.reap()
 
     def trials(self) -> list[FrozenTrial]:
+        self.storage = self.storage or open_storage(self.url)  # one connection (or proxy) for every look
         try:
-            return optuna.load_study(study_name=self.study, storage=self.url).get_trials()
+            return optuna.load_study(study_name=self.study, storage=self.storage).get_trials()
         except KeyError:  # not created yet
             return []
 
@@ -201,11 +205,13 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     crew.finish("the warm-start worker")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "journal", "grpc"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/study.db"
-    return request.getfixturevalue("postgres_url")
+    if request.param == "journal":
+        return f"journal:{tmp_path}/study.log"
+    return request.getfixturevalue({"postgresql": "postgres_url", "mariadb": "mariadb_url", "grpc": "grpc_url"}[request.param])
 
 
 def test_workers_killed_at_random_points_lose_nothing(url: str) -> None:

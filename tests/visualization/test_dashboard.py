@@ -35,8 +35,8 @@ from optuna_quant.trial.records import SENSITIVITY_KEY
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.records import TARGETS_KEY
 from optuna_quant.trial.results import best_trial
-from optuna_quant.storages.rdb import open_storage
-from optuna_quant.storages.rdb import StorageError
+from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.urls import StorageError
 from optuna_quant.testing.postgres import free_port
 
 CHROMIUM = shutil.which("chromium")
