@@ -1,8 +1,8 @@
 """optuna-dashboard on a study's storage: the live view of a run, with the study's own figures.
 
 :class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
-:mod:`optuna_quant.visualization.figures` in the study after every trial, where optuna-dashboard shows them on
-the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
+:mod:`optuna_quant.visualization.figures` in the study after a trial (every trial of a worker alone,
+about every 10 s beside other workers), where optuna-dashboard shows them on the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
 ``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
 
 Example:
@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 import time
 
@@ -22,6 +23,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
 from optuna_quant.visualization.figures import study_figures
 from optuna_quant.storages.factory import open_storage
@@ -30,6 +32,7 @@ _logger = logging.getLogger("optuna_quant")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+REFRESH_SECONDS = 10.0
 
 
 def study_url(
@@ -88,18 +91,33 @@ def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> l
 
 
 class DashboardFigures:
-    """An ``optimize`` callback: after every trial, the study's figures are stored again for
+    """An ``optimize`` callback: after a trial, the study's figures are stored again for
     optuna-dashboard (those that changed).
 
+    A worker alone stores them after every trial. Beside other workers, it lets ``every``
+    seconds per other running trial pass between two stores, so that the study's figures are
+    stored about every ``every`` seconds whatever the number of workers: with tens of them,
+    rebuilding the figures after every trial of each would cost more than the trials' own
+    coordination. The last trial to end, with no other running, stores them.
+
+    Args:
+        every: Seconds between two stores of the study's figures, over all its workers.
+
     Attributes:
-        seconds: Time spent storing figures, per call, for a run's cost report.
+        seconds: Time spent storing figures, per store, for a run's cost report.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, every: float = REFRESH_SECONDS) -> None:
+        self.every = every
         self.seconds: list[float] = []
         self._stored: dict[str, str] = {}
+        self._last = -math.inf
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        others = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if others and time.monotonic() - self._last < self.every * others:
+            return
+        self._last = time.monotonic()
         start = time.perf_counter()
         try:
             save_figures(study, self._stored)

@@ -172,6 +172,20 @@ def test_figures_are_refreshed_after_every_trial(make_study) -> None:
     assert len(figures.seconds) == 4
 
 
+def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
+    study = make_study(accuracy_loss=50.0, study_name="busy")
+    study.optimize(n_trials=2)
+    others = [study.study.ask(), study.study.ask()]  # trials of two other workers, running
+    figures = DashboardFigures(every=60.0)
+    for trial in study.trials[:2]:
+        figures(study.study, trial)
+    assert len(figures.seconds) == 1  # the second store waits 2 x 60 s
+    for other in others:
+        study.study.tell(other, 1.0)
+    figures(study.study, study.trials[1])  # the last one: nobody else is running
+    assert len(figures.seconds) == 2
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")
 def test_chromium_renders_the_study_page(dashboard, tmp_path) -> None:
     dom = _chromium(dashboard, tmp_path, tmp_path / "dashboard.png")
