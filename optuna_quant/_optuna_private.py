@@ -1,22 +1,23 @@
 """The one place that reaches into Optuna's private API, each use with its reason.
 
-- ``HeartbeatThread._record_heartbeat`` and the stop event among its thread's ``_args``: a Ctrl-C
-  inside Optuna's ``with get_heartbeat_thread(...)`` entry starts the non-daemon heartbeat thread
-  and skips the exit that stops it, so the process never ends after that Ctrl-C (and the trial's
-  heartbeat never stops). Optuna runs that thread for an RDB storage opened with its own heartbeat,
-  which a user may pass; the worker stops such a thread after the interrupt
-  (:func:`stop_orphan_heartbeats`).
+- ``Study._log_completed_trial``: the line Optuna logs for each completed trial of ``optimize``
+  ("Trial 3 finished with value: ..."), which users read with ``--verbose``. The worker runs each
+  trial itself, so that no read of every trial falls under the study lock (Optuna's ask reads them
+  all to pop a queued trial), and logs it as Optuna does (:func:`log_completed_trial`).
 - ``Study._storage`` and ``_CachedStorage``, with its ``_backend``: the RDB storage behind the cache
   Optuna wraps it in for a study. The cache says neither that a study's storage is an RDB one nor
   which database it opens, which decides the lock its workers share
   (:func:`storage_backend`, :func:`study_storage`).
-- ``Study._get_trials(use_cache=True)``: the trials as Optuna read them once for the trial being
-  asked for, which Optuna's own samplers read (:func:`cached_trials`). The public ``get_trials``
+- ``Study._get_trials(use_cache=True)`` and ``Study._thread_local.cached_all_trials``: the trials as
+  Optuna read them once for the trial being asked for, which Optuna's own samplers read
+  (:func:`cached_trials`); ``Study.ask`` forgets them for each new trial, and so does the worker,
+  which pops or makes its trials itself (:func:`clear_trials_cache`). The public ``get_trials``
   reads the storage again: once per parameter for an independent suggestion, a query each on an
   RDB storage, and each time with what other workers wrote since.
 - ``Study._storage`` and ``Study._study_id``: which study a sampler's caches hold, across the
-  ``Study`` objects opened on it; a name does not tell, as a deleted study's name can come back
-  with other trials (:func:`study_identity`).
+  ``Study`` objects opened on it, for a name does not tell, as a deleted study's name can come
+  back with other trials; and where the worker pops or makes its trial, through the storage's
+  one-row calls (:func:`study_identity`).
 - ``Trial._trial_id`` of a ``FrozenTrial`` or ``Trial`` and ``Study._storage``: a sampler's claim on
   a configuration is a system attribute of the trial being sampled, written before the trial has
   parameters (:mod:`optuna_quant.samplers._coordination`), and a running trial's heartbeat one
@@ -24,8 +25,9 @@
   to write a trial's system attribute; its own CMA-ES sampler writes its state this way
   (:func:`set_trial_system_attr`).
 - ``FrozenTrial._trial_id``: the storage id of a trial read from a storage, which the storage's
-  own methods take; a study lock kept in the storage pops, renews and finishes its trials through
-  them (:mod:`optuna_quant.storages.lease`), one storage call each (:func:`trial_id`).
+  own methods take: the worker pops a queued trial through them, and a study lock kept in the
+  storage pops, renews and finishes its trials (:mod:`optuna_quant.storages.lease`), one storage
+  call each (:func:`trial_id`).
 - The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
   that has not started, which no public accessor returns. The samplers exclude them from what
   other trials may choose (:func:`fixed_params`).
@@ -33,29 +35,20 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._cached_storage import _CachedStorage
-from optuna.storages._heartbeat import HeartbeatThread
 from optuna.trial import FrozenTrial
 
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"
 
 
-def stop_orphan_heartbeats() -> int:
-    """Stop every Optuna heartbeat thread still running in this process; how many were stopped.
-
-    Call it only where no trial of this process is running: any such thread is then an orphan.
-    """
-    orphans = [t for t in threading.enumerate() if getattr(t, "_target", None) is HeartbeatThread._record_heartbeat]
-    for thread in orphans:
-        thread._args[2].set()  # type: ignore[attr-defined]  # (trial_id, heartbeat, stop_event)
-        thread.join()
-    return len(orphans)
+def log_completed_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Optuna's log line of a completed trial, as ``Study.optimize`` writes it."""
+    study._log_completed_trial(trial.values, trial.number, trial.params)
 
 
 def storage_backend(storage: BaseStorage) -> BaseStorage:
@@ -72,6 +65,11 @@ def study_storage(study: optuna.Study) -> BaseStorage:
 def cached_trials(study: optuna.Study) -> list[FrozenTrial]:
     """``study``'s trials as Optuna read them for the trial being asked for; not to be modified."""
     return study._get_trials(deepcopy=False, use_cache=True)
+
+
+def clear_trials_cache(study: optuna.Study) -> None:
+    """Forget the trials read for the last trial, as ``Study.ask`` does before a new one."""
+    study._thread_local.cached_all_trials = None
 
 
 def study_identity(study: optuna.Study) -> tuple[BaseStorage, int]:

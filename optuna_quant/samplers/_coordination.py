@@ -38,13 +38,16 @@ from optuna.trial import TrialState
 from optuna_quant._optuna_private import fixed_params
 from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant._optuna_private import storage_backend
+from optuna_quant._optuna_private import study_identity
 from optuna_quant._optuna_private import study_storage
+from optuna_quant._optuna_private import trial_id
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 
 CLAIM_KEY = "optuna_quant:claim"
 DEFAULT_WAIT_SECONDS = 5.0
 _POLL_SECONDS = 0.02
+_MAX_POLL_SECONDS = 0.32
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -80,17 +83,22 @@ def other_trials(
     """
     names = tuple(names)
     deadline = time.monotonic() + wait_bound(study_storage(study), wait_seconds)
-    while True:
-        # Not the study's per-ask cache: the point is to see what other workers wrote meanwhile.
-        trials = study.get_trials(deepcopy=False)
-        undecided = [
-            t
-            for t in trials
-            if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
-        ]
-        if not undecided or time.monotonic() >= deadline:
-            return [t for t in trials if t.number != trial.number]
-        time.sleep(_POLL_SECONDS)
+    # Not the study's per-trial cache: the point is to see what other workers wrote meanwhile.
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+    undecided = [
+        t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
+    ]
+    # Only those are looked at again, one row each: with tens of workers, reading every running
+    # trial at each look cost more than the choice.
+    storage, _ = study_identity(study)
+    poll = _POLL_SECONDS
+    while undecided and time.monotonic() < deadline:
+        time.sleep(poll)
+        poll = min(2 * poll, _MAX_POLL_SECONDS)
+        fresh = {t.number: storage.get_trial(trial_id(t)) for t in undecided}
+        trials = [fresh.get(t.number, t) for t in trials]
+        undecided = [t for t in fresh.values() if t.state == TrialState.RUNNING and held_params(t, names) is None]
+    return trials
 
 
 def held_params(trial: FrozenTrial, names: Sequence[str]) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ thread). The other workers read it with the trials they read anyway, and a runni
 value a worker has seen unchanged for ``grace`` seconds of its own clock is stale
 (:meth:`Heartbeat.stale`): its worker died or lost the storage. A stale trial is failed and queued
 again, as Optuna's :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` queues it
-(:meth:`Heartbeat.fail`).
+(:meth:`Heartbeat.fail`), by a worker that holds the study lock.
 
 Only Optuna's public storage API is used, so the heartbeat is the same on every storage: a
 database, a journal file, a gRPC proxy. No two clocks are compared: a value is only compared for
@@ -44,6 +44,7 @@ from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant.storages.rdb import optuna_warnings_off
 
 HEARTBEAT_KEY = "optuna_quant:heartbeat"
+STALE_KEY = "optuna_quant:stale"
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 30
 MAX_RETRY = 3
@@ -79,29 +80,58 @@ class Heartbeat:
         return repeating(lambda: set_trial_system_attr(study, trial, HEARTBEAT_KEY, time.time()), self.interval)
 
     def stale(self, trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-        """The running trials among ``trials`` whose heartbeat this process has seen unchanged
-        for the grace period; ``trials`` must hold every running trial of the study."""
+        """The trials among ``trials`` that :meth:`fail` must fail or queue again: the running
+        ones whose heartbeat this process has seen unchanged for the grace period, and those
+        failed so whose retry was never queued (their failer died in between).
+
+        ``trials`` must hold every trial of the study that is running or failed.
+        """
         running = [t for t in trials if t.state == TrialState.RUNNING]
         self._silence.keep({t.number for t in running})
-        return [t for t in running if self._silence.seconds(t.number, t.system_attrs.get(HEARTBEAT_KEY)) >= self.grace]
+        silent = [t for t in running if self._silence.seconds(t.number, t.system_attrs.get(HEARTBEAT_KEY)) >= self.grace]
+        retried = {n for t in trials for n in _retry_history(t)}
+        unqueued = [
+            t
+            for t in trials
+            if t.state == TrialState.FAIL
+            and t.system_attrs.get(STALE_KEY) == t.number  # a retry's copied mark names another number
+            and t.number not in retried
+            and len(_retry_history(t)) < self.max_retry
+        ]
+        return silent + unqueued
 
     def fail(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[int]:
-        """Fail the stale ``trials`` and queue each again; the numbers of those this process failed.
+        """Fail the running ones of the stale ``trials`` and queue each again; the numbers of those
+        this process failed or queued.
 
-        Call it under the study lock: a worker that decided between a trial's failure and its
-        retry would count neither (it once queued a second reference).
+        A trial is marked stale before it is failed, so that a worker killed between the failure
+        and the retry leaves one that :meth:`stale` finds. Call it under the study lock: a worker
+        that decided between a trial's failure and its retry would count neither (it once queued
+        a second reference).
         """
-        failed = []
+        done = []
         for trial in trials:
-            try:
-                frozen = study.tell(trial.number, state=TrialState.FAIL)
-            except (UpdateFinishedTrialError, ValueError):  # it ended, or another worker failed it first
-                continue
-            _logger.warning("Trial %d failed: its worker has not beaten for %s s.", trial.number, self.grace)
-            with optuna_warnings_off():
-                RetryHeartbeatStaleTrialCallback(max_retry=self.max_retry)(study, frozen)
-            failed.append(trial.number)
-        return failed
+            if trial.state == TrialState.RUNNING:
+                try:
+                    set_trial_system_attr(study, trial, STALE_KEY, trial.number)
+                    trial = study.tell(trial.number, state=TrialState.FAIL)
+                except (UpdateFinishedTrialError, ValueError):  # it ended, or another worker failed it first
+                    continue
+                _logger.warning("Trial %d failed: its worker has not beaten for %s s.", trial.number, self.grace)
+            queue_again(study, trial, self.max_retry)
+            done.append(trial.number)
+        return done
+
+
+def queue_again(study: optuna.Study, failed: FrozenTrial, max_retry: int = MAX_RETRY) -> None:
+    """Queue a failed trial again for any worker, at most ``max_retry`` times (Optuna's retry)."""
+    with optuna_warnings_off():
+        RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, failed)
+
+
+def _retry_history(trial: FrozenTrial) -> list[int]:
+    with optuna_warnings_off():
+        return RetryHeartbeatStaleTrialCallback.retry_history(trial)
 
 
 class Silence:

@@ -1,21 +1,19 @@
 """Waiting on the trials of other workers, each wait bounded by the heartbeat.
 
-:class:`Waiter` is the package's one wait: the worker loop waits in it for room in the budget or
-for the reference (:meth:`Waiter.until`, under the study lock), the objective for another
-worker's measurement of its configuration (:meth:`Waiter.watch`, without it).
+:meth:`Waiter.watch` is the package's one wait: the worker loop waits in it for room in the
+budget or for the reference, the objective for another worker's measurement of its
+configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 import logging
 import time
 from typing import TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial
-from optuna.trial import TrialState
 
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
@@ -44,9 +42,7 @@ class Waiter:
         >>> import optuna
         >>> from contextlib import nullcontext
         >>> looks = iter([(None, "trial 3"), ("found", "")])
-        >>> found, held = Waiter(poll_seconds=0.01).until(nullcontext, optuna.create_study(), lambda trials: next(looks))
-        >>> held.close()
-        >>> found
+        >>> Waiter(poll_seconds=0.01).watch(nullcontext, optuna.create_study(), lambda trials: next(looks))
         'found'
         >>> waiter = Waiter(poll_seconds=0.01)
         >>> waiter.beat("trial 3")
@@ -86,53 +82,19 @@ class Waiter:
             _logger.info("Waited %.1f s for %s.", self.waited, self.what)
             self.what = None
 
-    def until(self, lock: StudyLock, study: optuna.Study, look: Look[T]) -> tuple[T, ExitStack]:
-        """Call ``look`` with the study's trials under ``lock`` until it finds something; that,
-        with the lock still held.
+    def watch(self, lock: StudyLock, study: optuna.Study, look: Look[T]) -> T:
+        """Call ``look`` with the study's trials until it finds something; that.
 
-        Returns:
-            What ``look`` found, and the held lock: close it once done with what was read.
+        The looks take no lock: ``lock`` is taken only to fail stale trials and queue them again.
         """
         while True:
-            held = ExitStack()
-            held.enter_context(lock())
-            try:
-                trials = study.get_trials(deepcopy=False)
-                if self._fail_stale(study, trials):
-                    trials = study.get_trials(deepcopy=False)
-                found, what = look(trials)
-            except BaseException:
-                held.close()
-                raise
-            if found is not None:
-                self.done()
-                return found, held
-            held.close()
-            self.beat(what)
-
-    def watch(
-        self, lock: StudyLock, study: optuna.Study, look: Look[T], states: Container[TrialState] | None = None
-    ) -> T:
-        """Call ``look`` with the study's trials (those in ``states``) until it finds something.
-
-        The looks take no lock: ``lock`` is taken only to fail stale trials. ``states`` must hold
-        :attr:`TrialState.RUNNING`.
-        """
-        while True:
-            trials = study.get_trials(deepcopy=False, states=states)
+            trials = study.get_trials(deepcopy=False)
             if self.heartbeat is not None and self.heartbeat.stale(trials):
-                with lock():
-                    self._fail_stale(study, study.get_trials(deepcopy=False))
+                with lock():  # read again under the lock: another worker may have failed them meanwhile
+                    self.heartbeat.fail(study, self.heartbeat.stale(study.get_trials(deepcopy=False)))
                 continue
             found, what = look(trials)
             if found is not None:
                 self.done()
                 return found
             self.beat(what)
-
-    def _fail_stale(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> bool:
-        """Fail and queue again the stale trials among ``trials`` (under the study lock): whether any was."""
-        if self.heartbeat is None:
-            return False
-        stale = self.heartbeat.stale(trials)
-        return bool(stale) and bool(self.heartbeat.fail(study, stale))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 
+from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.testing.postgres import free_port
 
 START_SECONDS = 60.0
@@ -43,7 +44,8 @@ def grpc_proxy(storage_url: str) -> Iterator[str]:
         server = subprocess.Popen(proxy_command(storage_url, "127.0.0.1", port), stdout=log, stderr=log)
         try:
             try:
-                GrpcStorageProxy(host="127.0.0.1", port=port).wait_server_ready(timeout=START_SECONDS)
+                with optuna_warnings_off():
+                    GrpcStorageProxy(host="127.0.0.1", port=port).wait_server_ready(timeout=START_SECONDS)
             except ConnectionError:
                 log.seek(0)
                 raise RuntimeError(f"the gRPC proxy did not answer: {log.read().decode()[-2000:]}") from None

@@ -55,8 +55,11 @@ def _wait_until_listening(port: int, server: subprocess.Popen[bytes], log: Path)
 
 
 @contextmanager
-def mariadb_server() -> Iterator[str]:
+def mariadb_server(port: int | None = None) -> Iterator[str]:
     """Start a server in a temp folder; yield the URL of a fresh database; stop and remove it.
+
+    Args:
+        port: The port to listen on; a free one by default.
 
     Raises:
         RuntimeError: If no server binaries are installed, or root has no 'mysql' user.
@@ -69,7 +72,7 @@ def mariadb_server() -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="optuna-quant-mariadb-"))
     if account is not None:
         os.chown(folder, account.pw_uid, account.pw_gid)
-    data, port, log = folder / "data", free_port(), folder / "server.log"
+    data, port, log = folder / "data", port or free_port(), folder / "server.log"
     try:
         subprocess.run(
             [*prefix, str(installer), "--no-defaults", f"--datadir={data}", "--skip-test-db", "--auth-root-authentication-method=normal"],

@@ -72,11 +72,12 @@ def run_as(user: str) -> tuple[list[str], pwd.struct_passwd | None]:
 
 
 @contextmanager
-def postgres_server(max_connections: int = 200) -> Iterator[str]:
+def postgres_server(max_connections: int = 200, port: int | None = None) -> Iterator[str]:
     """Start a server in a temp folder; yield the URL of a fresh database; stop and remove it.
 
     Args:
         max_connections: Connections the server accepts at once (each worker holds up to three).
+        port: The port to listen on; a free one by default.
 
     Raises:
         RuntimeError: If no PostgreSQL binaries are installed, or root has no 'postgres' user.
@@ -88,7 +89,7 @@ def postgres_server(max_connections: int = 200) -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="optuna-quant-pg-"))
     if account is not None:
         os.chown(folder, account.pw_uid, account.pw_gid)
-    data, port = folder / "data", free_port()
+    data, port = folder / "data", port or free_port()
 
     def run(*args: str) -> None:
         subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)

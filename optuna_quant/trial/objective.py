@@ -6,8 +6,8 @@ parameters into a configuration of its search space and has the
 :class:`~optuna_quant.measure.measurer.Measurer` measure it; the reference that scales the loss
 is :mod:`optuna_quant.trial.reference`, the stored records :mod:`optuna_quant.trial.records`.
 A configuration that a trial measured already is not measured again: the trial copies that
-result. One that a lower-numbered running trial holds is waited for
-(:class:`optuna_quant.storages.waiting.Waiter`), then copied.
+result. One that a running trial claimed is waited for, then copied
+(:mod:`optuna_quant.trial.claim`).
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 import logging
@@ -27,7 +27,6 @@ from typing import Any
 import onnx
 import optuna
 from optuna.trial import FrozenTrial
-from optuna.trial import TrialState
 
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -39,11 +38,10 @@ from optuna_quant.measure.loss import weighted_loss
 from optuna_quant.measure.measurer import Measurement
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
-from optuna_quant.samplers._coordination import held_params
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
-from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import records
+from optuna_quant.trial.claim import claim
 from optuna_quant.trial.guidance import guide_study
 from optuna_quant.trial.reference import measure_reference
 from optuna_quant.trial.reference import ReferenceMeasurementError
@@ -225,7 +223,7 @@ class QuantizationObjective:
         params = self.space.suggest(trial)
         total = "?" if max_trials is None else max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number, total)
-        previous, seen = self._claim(study, trial, params)
+        previous, seen = claim(study, trial, params, self.lock, self.heartbeat)
         if previous is not None:
             records.copy_result(trial, previous)
             _logger.info(
@@ -304,39 +302,6 @@ class QuantizationObjective:
     def _adopt(self, stored: tuple[float, LossScaling]) -> None:
         fp32_accuracy, self.scaling = stored
         self.measurer.adopt_baseline(fp32_accuracy)
-
-    def _claim(
-        self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
-    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
-        """The trial that measured ``params`` already, or ``None`` when ``trial`` measures them.
-
-        Of the running trials that hold one configuration the lowest-numbered measures it, and
-        the others wait for it, then copy its result: so ``trial`` first waits until every
-        lower-numbered running trial holds its configuration. The trial numbers decide, so no
-        lock is taken; if the measuring trial's worker dies, the heartbeat fails that trial and
-        the next one measures.
-
-        Returns:
-            That trial or ``None``, and the complete and running trials read to decide: the
-            stop-on-target check and the trial's last log line reuse them.
-        """
-        names = list(params)
-
-        def look(seen: Sequence[FrozenTrial]) -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
-            for other in seen:
-                if other.state == TrialState.COMPLETE and other.params == params and records.measured(other):
-                    return (other, list(seen)), ""
-            for other in seen:
-                if other.state != TrialState.RUNNING or other.number >= trial.number:
-                    continue
-                held = held_params(other, names)
-                if held is None:
-                    return None, f"trial {other.number} to choose its configuration"
-                if all(held[name] == params[name] for name in names):
-                    return None, f"trial {other.number}, which measures the same configuration"
-            return (None, list(seen)), ""
-
-        return Waiter(self.heartbeat).watch(self.lock, study, look, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def _log_end(self, seen: list[FrozenTrial], number: int, total: object, current: Result | None = None) -> None:
         # ``seen`` was read before measuring: a trial another worker finished meanwhile is missing,

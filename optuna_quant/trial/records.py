@@ -49,6 +49,7 @@ MODEL_KEY = "model_sha256"
 MODULES_KEY = "module_of_node"
 REFERENCE_KEY = "reference"
 WORKER_KEY = "worker"
+MEASURING_KEY = "measuring"
 DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
@@ -62,7 +63,7 @@ LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
-_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY)
+_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY)
 
 
 def share_records(
@@ -219,6 +220,16 @@ def reference_trial(
 def start_trial(trial: optuna.Trial) -> None:
     """Name this process as the worker of ``trial`` (a retried trial names the dead one)."""
     trial.set_user_attr(WORKER_KEY, WORKER)
+
+
+def claim(trial: optuna.Trial) -> None:
+    """Mark ``trial`` as measuring its configuration (call under the study lock)."""
+    trial.set_user_attr(MEASURING_KEY, trial.number)
+
+
+def is_measuring(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` claimed its configuration; a retry's copied claim names another number."""
+    return trial.user_attrs.get(MEASURING_KEY) == trial.number
 
 
 def measured(trial: FrozenTrial) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
@@ -41,17 +40,9 @@ def relied_on(attribute: str) -> Iterator[None]:
         )
 
 
-def _rdb(tmp_path: Path, heartbeat: bool = False, **kwargs: Any) -> RDBStorage:
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    if not heartbeat:
-        return RDBStorage(url)
-    with pytest.warns(optuna.exceptions.ExperimentalWarning):
-        return RDBStorage(url, heartbeat_interval=60, grace_period=120, **kwargs)
-
-
 @pytest.fixture(params=["in-memory", "sqlite"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> BaseStorage:
-    return InMemoryStorage() if request.param == "in-memory" else _rdb(tmp_path)
+    return InMemoryStorage() if request.param == "in-memory" else RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
 
 
 def test_storage_backend_is_the_storage_behind_the_cache(storage: BaseStorage) -> None:
@@ -86,6 +77,11 @@ def test_cached_trials_are_read_once_per_ask(storage: BaseStorage) -> None:
         assert private.cached_trials(study) is trials, "Study._get_trials no longer caches with use_cache=True"
         study.ask()  # a new ask reads again
         assert len(private.cached_trials(study)) == 3, "Study.ask no longer clears the trials' cache"
+    study.enqueue_trial({"x": 1})
+    assert len(private.cached_trials(study)) == 3
+    with relied_on("Study._thread_local.cached_all_trials"):
+        private.clear_trials_cache(study)
+        assert len(private.cached_trials(study)) == 4, "Study._thread_local.cached_all_trials"
 
 
 def test_a_system_attr_of_a_running_trial_is_written(storage: BaseStorage) -> None:
@@ -118,13 +114,15 @@ def test_fixed_params_are_enqueue_trials(storage: BaseStorage) -> None:
         assert private.fixed_params(added) is None
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_an_orphan_heartbeat_thread_is_found_and_stopped(tmp_path: Path) -> None:
-    storage = _rdb(tmp_path, heartbeat=True)
+def test_a_completed_trial_is_logged_as_optimize_logs_it(storage: BaseStorage, caplog: pytest.LogCaptureFixture) -> None:
     study = optuna.create_study(storage=storage)
     trial = study.ask()
-    thread = optuna.storages._heartbeat.get_heartbeat_thread(trial._trial_id, storage)
-    thread.start()
-    with relied_on("HeartbeatThread._record_heartbeat and the stop event among its thread's _args"):
-        assert private.stop_orphan_heartbeats() == 1, "HeartbeatThread._record_heartbeat as the thread's target"
-    assert private.stop_orphan_heartbeats() == 0, "the stop event among the heartbeat thread's _args"
+    trial.suggest_int("x", 0, 3)
+    frozen = study.tell(trial, 1.5)
+    optuna.logging.enable_propagation()
+    try:
+        with caplog.at_level("INFO", logger="optuna"), relied_on("Study._log_completed_trial"):
+            private.log_completed_trial(study, frozen)
+    finally:
+        optuna.logging.disable_propagation()
+    assert f"Trial {frozen.number} finished with value: 1.5" in caplog.text

@@ -9,7 +9,6 @@ import optuna
 import pytest
 
 import optuna_quant as oq
-from optuna_quant._optuna_private import stop_orphan_heartbeats
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.rdb import DEFAULT_ARTIFACT_DIR
 from optuna_quant.storages.rdb import default_artifact_dir
@@ -40,19 +39,6 @@ def test_artifacts_go_beside_an_sqlite_file(tmp_path) -> None:
     memory = optuna.storages.InMemoryStorage()
     assert open_storage(memory) is memory
     assert default_artifact_dir(memory) == Path(DEFAULT_ARTIFACT_DIR)
-
-
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_a_heartbeat_thread_whose_exit_was_skipped_is_stopped(tmp_path) -> None:
-    # As after a Ctrl-C inside Optuna's heartbeat entry, on a storage a user opened with Optuna's
-    # own heartbeat: started, never exited. Non-daemon, it would keep the process alive.
-    with pytest.warns(optuna.exceptions.ExperimentalWarning):
-        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=1, grace_period=2)
-    study = optuna.create_study(storage=storage)
-    trial = study.ask()
-    optuna.storages._heartbeat.get_heartbeat_thread(trial._trial_id, storage).start()
-    assert stop_orphan_heartbeats() == 1
-    assert stop_orphan_heartbeats() == 0
 
 
 @pytest.mark.postgres

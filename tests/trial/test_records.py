@@ -114,7 +114,8 @@ def test_a_result_is_read_back_and_a_copy_names_its_source() -> None:
     study = optuna.create_study()
     first = study.ask()
     records.start_trial(first)
-    first.set_user_attr(records.REFERENCE_KEY, True)  # a run key, as the worker: never copied
+    records.claim(first)
+    first.set_user_attr(records.REFERENCE_KEY, True)  # a run key, as the worker and the claim: never copied
     records.record_result(first, MEASURED, {"accuracy": -0.006, "latency": -0.3})
     study.tell(first, -3.5)
     copy = study.ask()
@@ -122,7 +123,7 @@ def test_a_result_is_read_back_and_a_copy_names_its_source() -> None:
     records.copy_result(copy, previous)
     study.tell(copy, -3.5)
     measured, copied = study.trials
-    assert records.measured(measured)
+    assert records.measured(measured) and records.is_measuring(measured)
     assert measured.user_attrs[records.WORKER_KEY] == records.WORKER
     assert (records.acc_loss(measured), records.lat_diff(measured)) == (0.004, 1.8)
     assert (records.int8_accuracy(measured), records.loss(measured)) == (0.97, -3.5)
@@ -130,7 +131,14 @@ def test_a_result_is_read_back_and_a_copy_names_its_source() -> None:
     # The copy holds the measurement and the constraints, not who ran the first trial.
     assert copied.user_attrs == {**MEASURED, records.DUPLICATE_KEY: 0}
     assert copied.constraints == measured.constraints
-    assert records.measured(copied) and not records.is_reference(copied)
+    assert records.measured(copied) and not records.is_measuring(copied) and not records.is_reference(copied)
+
+
+def test_a_retry_does_not_measure_on_the_claim_it_copied() -> None:
+    # A retried trial copies the user attrs of the failed one, whose claim names its own number.
+    retry = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={records.MEASURING_KEY: 3})
+    retry.number = 7
+    assert not records.is_measuring(retry)
 
 
 def test_a_trial_without_measurement_reads_as_none() -> None:
