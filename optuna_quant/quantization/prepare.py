@@ -197,13 +197,23 @@ SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
 
 @contextmanager
 def _no_stray_file(path: Path) -> Iterator[None]:
-    """Remove ``path`` (and its external data) after the block if the block created it."""
+    """Remove ``path`` and its external data after the block if the block created it.
+
+    onnx names the data file of such a dump ``<uuid>.data``: the dump itself says where it is.
+    """
     existed = path.exists()
     try:
         yield
     finally:
-        if not existed:
-            for stray in (path, path.with_name(path.name + ".data")):
+        if not existed and path.exists():
+            dump = onnx.load(str(path), load_external_data=False)
+            locations = {
+                entry.value
+                for tensor in dump.graph.initializer
+                for entry in tensor.external_data
+                if entry.key == "location"
+            }
+            for stray in (path, *(path.parent / location for location in locations)):
                 stray.unlink(missing_ok=True)
 
 

