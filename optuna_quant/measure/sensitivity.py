@@ -45,7 +45,9 @@ REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3
 """The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
 
 ScopeError = dict[str, Any]
-"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination."""
+"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination;
+``{"params": ..., "error": None, "failure": "<exception type>: <message>"}`` for one that failed
+to build or run."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,16 @@ class LayerSensitivity:
         """
         optional = {key: None if data.get(key) is None else float(data[key]) for key in ("revert_cost", "alone_speedup")}
         return cls(**{key: float(data[key]) for key in ("error_alone", "error_recovered", "fp32_ms", "int8_ms")}, **optional)
+
+
+def failure_reason(err: BaseException) -> str:
+    """How a failure is recorded: ``"<exception type>: <message>"``, on one line.
+
+    Example:
+        >>> failure_reason(ValueError("supplied range\\nis not finite"))
+        'ValueError: supplied range is not finite'
+    """
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequence[np.ndarray]]) -> float:
@@ -275,7 +287,9 @@ def measure_scope_errors(
     """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
     No timing: one quantized model and ``n_samples`` runs per combination (calibration is
-    ``quantizer``'s, once per range estimator).
+    ``quantizer``'s, once per range estimator). A combination that fails to build or run is
+    recorded as failed, with its reason, and the others are measured: a failing choice is what
+    the study learns (:mod:`optuna_quant.trial.failures`), not the end of the measurement.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -287,7 +301,7 @@ def measure_scope_errors(
         settings: Threads for every session (default :class:`BenchmarkSettings`).
 
     Returns:
-        ``{"params": combination, "error": float}`` per combination, in their order.
+        A :data:`ScopeError` per combination, in their order.
 
     Raises:
         ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
@@ -299,22 +313,35 @@ def measure_scope_errors(
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
     reference = _outputs(fp32_model, samples, settings)
-    errors = [
-        {"params": dict(params), "error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
-        for params in combinations
-    ]
+
+    def measured(params: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return {"error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
+        except Exception as err:  # noqa: BLE001 - recorded: which choice fails is a finding
+            return {"error": None, "failure": failure_reason(err)}
+
+    errors: list[ScopeError] = [{"params": dict(params), **measured(params)} for params in combinations]
     best = lowest_error(errors)
+    failed = sum(entry["error"] is None for entry in errors)
     _logger.info(
-        "Measured the all-int8 output error of %d combinations in %.1f s: reference %.3g, lowest %.3g at %s",
+        "Measured the all-int8 output error of %d combinations in %.1f s: reference %s, lowest %.3g at %s%s",
         len(errors),
         time.perf_counter() - start,
-        errors[0]["error"],
+        "failed" if errors[0]["error"] is None else f"{errors[0]['error']:.3g}",
         best["error"],
         best["params"],
+        f"; {failed} failed to build or run" if failed else "",
     )
     return errors
 
 
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
-    """The combination with the lowest all-int8 output error: where to measure the layers."""
-    return min(scope_errors, key=lambda entry: entry["error"])
+    """The measured combination with the lowest all-int8 output error: where to measure the layers.
+
+    Raises:
+        ValueError: If every combination failed.
+    """
+    measured = [entry for entry in scope_errors if entry["error"] is not None]
+    if not measured:
+        raise ValueError(f"Every one of the {len(scope_errors)} combinations failed, e.g. {scope_errors[0]['failure']}")
+    return min(measured, key=lambda entry: entry["error"])

@@ -125,7 +125,6 @@ class Worker:
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
         self.waiter = Waiter()
-        self.prior_set = False
 
     def run(self) -> None:
         """Run trials until the study needs no more from this worker.
@@ -153,11 +152,10 @@ class Worker:
         return (None, waiting_on) if decision == _Next.WAIT else ((decision, trials), "")
 
     def _take_prior(self) -> None:
-        """Give the sampler the study's prior once the reference's worker has stored it (read until then)."""
-        if self.prior_set or not self.objective.settings.guided:
-            return
-        space, targets = self.objective.space, self.objective.targets
-        self.prior_set = guidance.set_prior(self.study.sampler, self.study, targets, space)
+        """Give the sampler the study's prior as it stands: the measured one, and the choices any
+        worker learnt to fail."""
+        objective = self.objective
+        guidance.set_prior(self.study.sampler, self.study, objective.targets, objective.space, objective.settings.guided)
 
     def _decide(self, trials: list[FrozenTrial]) -> tuple[_Next, str]:
         if self.deadline is not None and time.monotonic() >= self.deadline:

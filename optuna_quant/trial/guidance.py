@@ -6,7 +6,8 @@ choice of the space does to the model's outputs and what reverting each layer co
 
 - every worker gives its sampler a prior over the choices (``sampler.set_prior``, which both of
   optuna-quant's samplers have; other samplers are left alone), through
-  :func:`optuna_quant.trial.scoring.choice_scores`;
+  :func:`optuna_quant.trial.scoring.choice_scores`, with the choices that fail alone scored 0
+  (:mod:`optuna_quant.trial.failures`: the measurement finds those it cannot build);
 - start-up trials are queued once: the lowest-error combination of the other scopes with every
   layer int8; the same with only the layers whose int8 pays on its own in int8; then every layer
   int8 but the most harmful ones, reverted to fp32 one more at a time, in order of measured harm
@@ -34,6 +35,7 @@ import onnx
 import optuna
 from optuna.distributions import CategoricalDistribution
 
+from optuna_quant.trial import failures
 from optuna_quant.trial import records
 from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -239,6 +241,7 @@ def guide_study(
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
     guidance = measure_guidance(measurer, space, reference_acc_loss)
+    failures.forbid(study, lock, failures.failing_alone(space, guidance.scope_errors))
     with lock():
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
@@ -254,17 +257,24 @@ def stored(study: optuna.Study) -> Guidance | None:
     return None if found is None else Guidance.from_records(*found)
 
 
-def set_prior(sampler: optuna.samplers.BaseSampler, study: optuna.Study, targets: Targets, space: SearchSpace) -> bool:
-    """Give ``sampler`` the study's prior, where it takes one and the study has it.
+def set_prior(
+    sampler: optuna.samplers.BaseSampler,
+    study: optuna.Study,
+    targets: Targets,
+    space: SearchSpace,
+    guided: bool = True,
+) -> None:
+    """Give ``sampler`` the study's prior, where it takes one (Optuna's samplers do not): the
+    measured one once stored (when ``guided``), with every choice the study learnt to fail
+    scored 0, never (:mod:`optuna_quant.trial.failures`). Nothing while the study has neither.
 
-    Returns:
-        Whether this is settled: the prior was set, or the sampler takes none (Optuna's do not);
-        ``False`` while the study has no guidance yet, so that the caller asks again.
+    Call it before each trial: another worker may have learnt a failing choice meanwhile.
     """
     if not hasattr(sampler, "set_prior"):
-        return True
-    guidance = stored(study)
-    if guidance is None:
-        return False
-    sampler.set_prior(guidance.prior(targets, space))
-    return True
+        return
+    guidance = stored(study) if guided else None
+    prior = {} if guidance is None else guidance.prior(targets, space)
+    for forbidden in records.forbidden_choices(study):
+        prior.setdefault(forbidden.param, {})[forbidden.choice] = 0.0
+    if prior:
+        sampler.set_prior(prior)

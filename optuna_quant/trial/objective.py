@@ -7,7 +7,8 @@ parameters into a configuration of its search space and has the
 is :mod:`optuna_quant.trial.reference`, the stored records :mod:`optuna_quant.trial.records`.
 A configuration that a trial measured already is not measured again: the trial copies that
 result. One that a running trial claimed is waited for (:class:`optuna_quant.storages.waiting.Waiter`),
-then copied.
+then copied. A configuration that fails has its choices measured alone, and those that fail
+alone are dropped from the study (:mod:`optuna_quant.trial.failures`).
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -41,8 +42,10 @@ from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
+from optuna_quant.trial import failures
 from optuna_quant.trial import records
 from optuna_quant.trial.guidance import guide_study
+from optuna_quant.trial.guidance import set_prior as guide_prior
 from optuna_quant.trial.reference import measure_reference
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.reference import store_reference
@@ -219,6 +222,11 @@ class QuantizationObjective:
         params = self.space.suggest(trial)
         total = "?" if max_trials is None else max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number, total)
+        forbidden = failures.forbidden_in(study, params)
+        if forbidden is not None:  # drawn by a sampler that does not read the study's prior
+            error = failures.ForbiddenChoiceError(forbidden)
+            records.record_failure(trial, error)
+            raise error
         previous, seen = self._claim(study, trial, params)
         if previous is not None:
             records.copy_result(trial, previous)
@@ -237,6 +245,7 @@ class QuantizationObjective:
             measurement = self.measure(params)
         except Exception as err:
             records.record_failure(trial, err)
+            self._learn(study, params, trial.number)
             raise
         loss = self.loss(measurement)
         self.record(trial, measurement, loss)
@@ -248,6 +257,12 @@ class QuantizationObjective:
         )
         self._log_end(seen, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
         return self.values(measurement.acc_loss, measurement.lat_diff, loss)
+
+    def _learn(self, study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
+        """Find which choices of the failed ``params`` fail alone, and have the study drop them."""
+        found = failures.culprits(self.measurer, self.space, params, number)
+        if failures.forbid(study, self.lock, found):  # this process's sampler at once; others before their next trial
+            guide_prior(study.sampler, study, self.targets, self.space, self.settings.guided)
 
     def _run_reference(self, trial: optuna.Trial, max_trials: int | None) -> float | list[float]:
         """Measure the reference as ``trial`` (a queued reference trial) and store its scaling once."""

@@ -2,8 +2,9 @@
 
 Study user attrs, written when the study is made or by its reference trial, then only read:
 the search space, the targets, the model's fingerprint, the node-to-module map of a torch model,
-the fp32 accuracy and latency, the loss scaling of the reference, and the per-layer sensitivity
-measured after it (:mod:`optuna_quant.trial.guidance`). Trial user attrs: the
+the fp32 accuracy and latency, the loss scaling of the reference, the per-layer sensitivity
+measured after it (:mod:`optuna_quant.trial.guidance`) and the choices learnt to fail
+(:class:`ForbiddenChoice`, :mod:`optuna_quant.trial.failures`). Trial user attrs: the
 measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
 reference flag, the trial a duplicate copied and the reason of a failure.
 
@@ -28,6 +29,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
+from dataclasses import dataclass
 import os
 import socket
 from typing import Any
@@ -53,6 +56,7 @@ DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
+FORBIDDEN_KEY = "forbidden_choices"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
@@ -234,3 +238,42 @@ def copy_result(trial: optuna.Trial, previous: FrozenTrial) -> None:
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:
     """Keep why ``trial`` failed where the dashboard shows it: Optuna records no reason."""
     trial.set_user_attr(FAIL_REASON_KEY, f"{type(err).__name__}: {err}")
+
+
+@dataclass(frozen=True)
+class ForbiddenChoice:
+    """A choice that fails on this model whatever the rest of the configuration, so the study
+    no longer draws it (:mod:`optuna_quant.trial.failures`).
+
+    Attributes:
+        param: The parameter.
+        choice: Its failing value.
+        reason: The failure, ``"<exception type>: <message>"``.
+        trial: The trial whose failure found it; ``None`` when the sensitivity measurement did.
+    """
+
+    param: str
+    choice: Any
+    reason: str
+    trial: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.param}={self.choice!r}"
+
+
+def forbid_choice(study: optuna.Study, forbidden: ForbiddenChoice) -> bool:
+    """Store ``forbidden`` unless the study knows that choice already (call under the study lock).
+
+    Returns:
+        Whether it was new.
+    """
+    known = study.user_attrs.get(FORBIDDEN_KEY, [])
+    if any(entry["param"] == forbidden.param and entry["choice"] == forbidden.choice for entry in known):
+        return False
+    study.set_user_attr(FORBIDDEN_KEY, [*known, asdict(forbidden)])
+    return True
+
+
+def forbidden_choices(study: optuna.Study) -> list[ForbiddenChoice]:
+    """The choices :func:`forbid_choice` stored, in the order they were found."""
+    return [ForbiddenChoice(**entry) for entry in study.user_attrs.get(FORBIDDEN_KEY, [])]
