@@ -286,10 +286,11 @@ def measure_scope_errors(
 ) -> list[ScopeError]:
     """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
-    No timing: one quantized model and ``n_samples`` runs per combination (calibration is
-    ``quantizer``'s, once per range estimator). A combination that fails to build or run is
-    recorded as failed, with its reason, and the others are measured: a failing choice is what
-    the study learns (:mod:`optuna_quant.trial.failures`), not the end of the measurement.
+    No timing: one quantized model and ``n_samples`` runs per distinct configuration
+    (calibration is ``quantizer``'s, once per range estimator). A combination that fails to
+    build or run is recorded as failed, with its reason, and the others are measured: a failing
+    choice is what the study learns (:mod:`optuna_quant.trial.failures`), not the end of the
+    measurement.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -313,12 +314,23 @@ def measure_scope_errors(
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
     reference = _outputs(fp32_model, samples, settings)
+    # Combinations that build the same model (the range estimators under dynamic) are measured once.
+    by_config: dict[QuantConfig, dict[str, Any]] = {}
+
+    def error(config: QuantConfig) -> dict[str, Any]:
+        try:
+            return {"error": output_error(reference, _outputs(quantizer.quantize(config), samples, settings))}
+        except Exception as err:  # noqa: BLE001 - recorded: which choice fails is a finding
+            return {"error": None, "failure": failure_reason(err)}
 
     def measured(params: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            return {"error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
-        except Exception as err:  # noqa: BLE001 - recorded: which choice fails is a finding
+            config = to_config(params)
+        except ValueError as err:  # a combination that describes no configuration fails to build
             return {"error": None, "failure": failure_reason(err)}
+        if config not in by_config:
+            by_config[config] = error(config)
+        return by_config[config]
 
     errors: list[ScopeError] = [{"params": dict(params), **measured(params)} for params in combinations]
     best = lowest_error(errors)

