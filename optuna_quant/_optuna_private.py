@@ -36,6 +36,9 @@
 - The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
   that has not started, which no public accessor returns. The samplers exclude them from what
   other trials may choose (:func:`fixed_params`).
+- The logger of ``Study``'s per-trial line (``optuna.study.study``) and that line's form, which
+  lists every parameter: on a model of 48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines`
+  sums the layers up in it (:data:`TRIAL_LINE_LOGGER`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from optuna.trial import TrialState
 
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"
+TRIAL_LINE_LOGGER = "optuna.study.study"
+"""The logger of ``Study._log_completed_trial``: "Trial N finished with value: ... and parameters: {...}"."""
 
 
 def record_first_heartbeat(storage: BaseStorage, trial: optuna.Trial) -> None:

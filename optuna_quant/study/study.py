@@ -27,6 +27,7 @@ import onnx
 import optuna
 
 from optuna_quant import logs
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGER
 from optuna_quant.trial import records
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
@@ -45,6 +46,7 @@ from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
 from optuna_quant.samplers.factory import make_sampler
+from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SCOPES
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.rdb import GRACE_PERIOD
@@ -344,6 +346,7 @@ def create_study(
     # settings; the storage, read only; the model and data (preparation, calibration: the
     # objective); the folders written to; only then the study is deleted, created or joined.
     logs.configure()  # POT users read the log lines: shown, each once, unless set otherwise
+    logs.compact_trial_lines(logging.getLogger(TRIAL_LINE_LOGGER), LAYER_PREFIX)  # Optuna's, where shown
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)

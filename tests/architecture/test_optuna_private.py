@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 import datetime
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,20 @@ def test_an_orphan_heartbeat_thread_is_found_and_stopped(tmp_path: Path) -> None
     with relied_on("HeartbeatThread._record_heartbeat and the stop event among its thread's _args"):
         assert private.stop_orphan_heartbeats() == 1, "HeartbeatThread._record_heartbeat as the thread's target"
     assert private.stop_orphan_heartbeats() == 0, "the stop event among the heartbeat thread's _args"
+
+
+def test_the_per_trial_line_comes_from_the_study_logger_and_is_summed_up(caplog) -> None:
+    from optuna_quant import logs
+
+    logger = logging.getLogger(private.TRIAL_LINE_LOGGER)
+    logs.compact_trial_lines(logger, "layer:")
+    study = optuna.create_study()
+    params = {f"layer:node_MatMul_{i}": "fp32" if i in (3, 7) else "int8" for i in range(48)}
+    with caplog.at_level(logging.INFO, logger="optuna"):
+        study.optimize(lambda t: sum(t.suggest_categorical(n, [v]) == "fp32" for n, v in params.items()), n_trials=1)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == private.TRIAL_LINE_LOGGER and "finished" in r.getMessage()]
+    # Study._log_completed_trial's form: another one would come through unchanged, 48 parameters long.
+    assert line == (
+        "Trial 0 finished with value: 2.0 and parameters: "
+        "{'layer': '48 layers: 46 int8, 2 fp32 (node_MatMul_3, node_MatMul_7)'}. Best is trial 0 with value: 2.0."
+    )
