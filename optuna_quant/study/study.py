@@ -32,6 +32,7 @@ from optuna_quant.trial import records
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
 from optuna_quant.visualization.dashboard import DashboardFigures
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.evaluate import Top1Accuracy
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -229,6 +230,10 @@ class QuantStudy:
     def _model_of(self, best: BestResult) -> onnx.ModelProto:
         if self._built is None or self._built[0] != best.number:
             model = self.objective.build(best.params)
+            trial = self.study.get_trials(deepcopy=False)[best.number]
+            props = {prop.key: prop.value for prop in model.metadata_props}
+            props.update({f"optuna_quant.{key}": str(value) for key, value in records.provenance(trial).items()})
+            onnx.helper.set_model_props(model, props)
             self._built = (best.number, model)
         return self._built[1]
 
@@ -341,8 +346,9 @@ def create_study(
         The :class:`QuantStudy`.
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: For bad input or a stored study made with
-            another search space, before any trial runs; a storage that cannot be opened raises
+        ValueError, TypeError, FileNotFoundError: For bad input, or a stored study made with
+            another search space or joined from a CPU of another int8 class (under warm_start:
+            before the model is read), before any trial runs; a storage that cannot be opened raises
             :class:`optuna_quant.storages.rdb.StorageError` (a ``ValueError``) naming its URL, before
             anything is written.
     """
@@ -361,13 +367,16 @@ def create_study(
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
     storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    scopes = tuple(scopes)
+    cpu = int8_support()
+    plan = plan_load(
+        trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj, int8_class=cpu.int8_class
+    )
     node_modules: dict[str, str] = {}
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.quantization.torch_export import export_module
 
         model, node_modules = export_module(model, example_inputs)
-    scopes = tuple(scopes)
-    plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
     lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
         model,
@@ -394,7 +403,12 @@ def create_study(
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(
-            study, space=objective.space, fingerprint=objective.measurer.fingerprint, targets=targets, node_modules=node_modules
+            study,
+            space=objective.space,
+            fingerprint=objective.measurer.fingerprint,
+            targets=targets,
+            int8_class=cpu.int8_class,
+            node_modules=node_modules,
         )
     if study.metric_names is None:
         with optuna_warnings_off():

@@ -209,7 +209,7 @@ class QuantizationObjective:
             max_trials: The study's budget, for the log lines and the start-up trials.
         """
         study = trial.study
-        records.start_trial(trial)
+        records.start_trial(trial, self.measurer.cpu.int8_class, self.measurer.cpu.onnxruntime_version)
         if records.is_reference(trial):
             if records.reference_scaling(study) is None:
                 return self._run_reference(trial, max_trials)

@@ -18,9 +18,9 @@ Example:
     >>> from optuna_quant.trial.space import SearchSpace
     >>> study = optuna.create_study()
     >>> space = SearchSpace(nodes=("conv",), scopes=frozenset({"layer"}))
-    >>> share_records(study, space=space, fingerprint="abc", targets=Targets()) == space
+    >>> share_records(study, space=space, fingerprint="abc", targets=Targets(), int8_class="x86-vnni") == space
     True
-    >>> share_records(study, space=space, fingerprint="other", targets=Targets())
+    >>> share_records(study, space=space, fingerprint="other", targets=Targets(), int8_class="x86-vnni")
     Traceback (most recent call last):
     ...
     ValueError: Study 'no-name-...' was made with another model sha256 ('abc', here 'other'); use another study name or cold_start.
@@ -54,6 +54,8 @@ DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
+INT8_CLASS_KEY = "int8_class"
+ONNXRUNTIME_KEY = "onnxruntime"
 # The measurement's keys: :meth:`optuna_quant.measure.measurer.Measurement.user_attrs` writes
 # them, in a layer below this one; the objective adds the loss.
 ACC_LOSS_KEY = "acc_loss"
@@ -63,7 +65,7 @@ LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
-_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY)
+_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY, INT8_CLASS_KEY, ONNXRUNTIME_KEY)
 
 
 def share_records(
@@ -72,6 +74,7 @@ def share_records(
     space: SearchSpace,
     fingerprint: str,
     targets: Targets,
+    int8_class: str,
     node_modules: Mapping[str, str] | None = None,
 ) -> SearchSpace:
     """Check ``study``'s records against a worker's, then store those it lacks; the study's space.
@@ -81,10 +84,12 @@ def share_records(
     it cannot find again.
 
     Raises:
-        ValueError: If the study was made for another model, targets or search space.
+        ValueError: If the study was made for another model, targets, search space or CPU int8
+            class (:func:`check_int8_class`).
     """
+    check_int8_class(study, int8_class)
     attrs = study.user_attrs
-    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict()}
+    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict(), INT8_CLASS_KEY: int8_class}
     for key, value in own.items():
         if key in attrs and attrs[key] != value:
             raise ValueError(
@@ -106,6 +111,30 @@ def share_records(
         if key not in attrs:
             study.set_user_attr(key, value)
     return stored
+
+
+def check_int8_class(study: optuna.Study, int8_class: str) -> None:
+    """Refuse a worker whose CPU is of another int8 class than the one ``study`` is tuned on.
+
+    Latency, and the accuracy of an int8 model, differ between classes
+    (:mod:`optuna_quant.measure.cpu`): mixed in one study, trials would not compare.
+
+    Raises:
+        ValueError: If the study records another class; it names both and what to do instead.
+    """
+    stored = stored_int8_class(study)
+    if stored is not None and stored != int8_class:
+        raise ValueError(
+            f"Study {study.study_name!r} is tuned on CPUs of int8 class {stored!r}; this machine's is "
+            f"{int8_class!r}, whose latency and int8 accuracy differ: its trials would not compare. Run "
+            "this worker on a machine of that class, or tune this class in a study of its own (another "
+            "study_name, or fine_tune around the stored best)."
+        )
+
+
+def stored_int8_class(study: optuna.Study) -> str | None:
+    """The CPU int8 class ``study`` is tuned on (every trial's), or ``None`` before its first worker."""
+    return study.user_attrs.get(INT8_CLASS_KEY)
 
 
 def stored_space(study: optuna.Study) -> SearchSpace:
@@ -217,9 +246,30 @@ def reference_trial(
     )
 
 
-def start_trial(trial: optuna.Trial) -> None:
-    """Name this process as the worker of ``trial`` (a retried trial names the dead one)."""
+def start_trial(trial: optuna.Trial, int8_class: str, onnxruntime_version: str) -> None:
+    """Name this process as the worker of ``trial`` (a retried trial names the dead one), with
+    its CPU's int8 class and its onnxruntime."""
     trial.set_user_attr(WORKER_KEY, WORKER)
+    trial.set_user_attr(INT8_CLASS_KEY, int8_class)
+    trial.set_user_attr(ONNXRUNTIME_KEY, onnxruntime_version)
+
+
+def provenance(trial: FrozenTrial) -> dict[str, Any]:
+    """What an exported model of ``trial`` says of itself: the trial, what it measured, and the
+    CPU int8 class and onnxruntime it was measured with (the figures hold for that class only)."""
+    attrs = trial.user_attrs
+    return {
+        "study_trial": trial.number,
+        ACC_LOSS_KEY: attrs.get(ACC_LOSS_KEY),
+        LAT_DIFF_KEY: attrs.get(LAT_DIFF_KEY),
+        INT8_CLASS_KEY: attrs.get(INT8_CLASS_KEY),
+        ONNXRUNTIME_KEY: attrs.get(ONNXRUNTIME_KEY),
+    }
+
+
+def worker_int8_class(trial: FrozenTrial) -> str | None:
+    """The CPU int8 class of the worker that ran ``trial`` (``None`` for a trial of optuna-quant 0.1)."""
+    return trial.user_attrs.get(INT8_CLASS_KEY)
 
 
 def claim(trial: optuna.Trial) -> None:

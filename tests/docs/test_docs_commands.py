@@ -49,6 +49,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import assert_int8_layers
 from conftest import subprocess_env
 from examples.demo_model import build_demo_model
 from examples.demo_model import CACHE_DIR
@@ -58,13 +59,13 @@ from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
 from optuna_quant.cli import commands as cli
-from optuna_quant.cli.probe import int8_support
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import parse_config
 from optuna_quant.testing.shipped import SHIPPED
+from optuna_quant.trial import records
 from optuna_quant.trial.records import stored_targets
 from optuna_quant.trial.results import best_trial
-from optuna_quant.trial.space import LAYER_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")))
@@ -303,14 +304,9 @@ def _assert_exports_best(path: Path, storage: str, study_name: str, inputs: np.n
     one may be slower than fp32, and the best is then fp32), so it is read from the study."""
     study = optuna.load_study(study_name=study_name, storage=storage)
     best = best_trial(study.get_trials(deepcopy=False), stored_targets(study))
-    layers = {name.removeprefix(LAYER_PREFIX): value for name, value in best.params.items() if name.startswith(LAYER_PREFIX)}
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
-    dequantized = {node.output[0] for node in model.graph.node if node.op_type == "DequantizeLinear"}
-    nodes = {node.name: node for node in model.graph.node}
-    assert layers and layers.keys() <= nodes.keys()
-    int8_weights = {name for name in layers if nodes[name].input[1] in dequantized}
-    assert int8_weights == {name for name, value in layers.items() if value == "int8"}, best.params
+    assert_int8_layers(model, best.params, records.stored_space(study).nodes)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert session.run(None, {session.get_inputs()[0].name: inputs})[0].shape == (len(inputs), 10)
 
