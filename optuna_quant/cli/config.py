@@ -29,7 +29,6 @@ import json
 from pathlib import Path
 import re
 import sys
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,8 @@ import yaml
 
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.trial.objective import OBJECTIVE_MODES
+from optuna_quant.storages.artifacts import check_writable
+from optuna_quant.storages.artifacts import NotWritableError
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.rdb import DEFAULT_STORAGE
 from optuna_quant.storages.urls import sqlite_file
@@ -171,19 +172,12 @@ class RunConfig:
         """
         if self.get("max_trials") is None and self.get("max_minutes") is None:
             raise self.error("give max_trials or max_minutes (or both).")
-        if self.get("export"):
-            self.check_writable("export", self.get("export"))
-        self.check_writable("artifact_dir", self.artifact_dir(self.storage), folder=True)
-
-    def check_writable(self, key: str, path: str | Path, folder: bool = False) -> None:
-        """Check that the file (or ``folder``) ``path`` can be written, without creating it.
-
-        Raises:
-            ConfigError: If it cannot be, naming ``key``, the path and why.
-        """
-        problem = unwritable(path, folder)
-        if problem is not None:
-            raise self.error(f"{key}: cannot write {path}: {problem}.")
+        try:
+            if self.get("export"):
+                check_writable(self.get("export"), "export")
+            check_writable(self.artifact_dir(self.storage), "artifact_dir", folder=True)
+        except NotWritableError as err:
+            raise self.error(str(err)) from err
 
     def measure_kwargs(self) -> dict[str, Any]:
         """The model, data and measuring settings: what :func:`optuna_quant.cli.probe.probe` takes,
@@ -347,40 +341,6 @@ def parse_config(text: str, path: str | Path) -> RunConfig:
         if not check(value):
             raise _error(path, f"{key!r} must be {expected}, got {value!r} ({type(value).__name__}).")
     return RunConfig(path, _normalised(path, data))
-
-
-def unwritable(path: str | Path, folder: bool = False) -> str | None:
-    """Why the file (or ``folder``) ``path`` cannot be written, or ``None`` when it can.
-
-    Nothing is created: an existing file is opened for appending, which changes nothing; else a
-    temporary file is made and removed in the nearest folder that exists, where the missing
-    folders would be made. A test file, not ``os.access``, as the superuser passes every
-    ``os.access`` check even on a read-only file system.
-
-    Example:
-        >>> unwritable("/proc/version/model.onnx")
-        '/proc/version is a file, not a folder'
-    """
-    path = Path(path).expanduser().absolute()
-    if path.exists():
-        if path.is_dir() != folder:
-            return f"{path} is {'a folder' if path.is_dir() else 'a file'}, not a {'folder' if folder else 'file'}"
-        if not folder:
-            try:
-                with path.open("ab"):
-                    return None
-            except OSError as err:
-                return err.strerror or str(err)
-    existing = path if folder and path.is_dir() else path.parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".optuna-quant-write-check-"):
-            return None
-    except OSError as err:
-        return err.strerror or str(err)
 
 
 def _error(path: Path, message: str) -> ConfigError:

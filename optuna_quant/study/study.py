@@ -158,7 +158,7 @@ class QuantStudy:
             raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
         with logs.quiet_onnxruntime():
             if self.run_trials:
-                check_writable(self.artifact_dir, "artifact_dir")
+                check_writable(self.artifact_dir, "artifact_dir", folder=True)
                 Worker(
                     self.study,
                     self.storage,
@@ -242,12 +242,13 @@ class QuantStudy:
             RuntimeError: If no trial has completed.
         """
         path = Path(path)
-        check_writable(path, "export path", is_file=True)
-        check_writable(self.artifact_dir, "artifact_dir")
+        check_writable(path, "export path")
+        check_writable(self.artifact_dir, "artifact_dir", folder=True)
         if best is None:
             best = self._require_best()
         with logs.quiet_onnxruntime():
             model = self._model_of(best)
+            path.parent.mkdir(parents=True, exist_ok=True)
             onnx.save(model, str(path))
             upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
@@ -384,7 +385,7 @@ def create_study(
     if plan.method == "eval":
         study = open_study(plan, storage_obj, sampler_obj, objective_mode)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
-    check_writable(artifact_dir, "artifact_dir")
+    check_writable(artifact_dir, "artifact_dir", folder=True)
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(

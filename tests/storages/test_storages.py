@@ -166,7 +166,7 @@ def test_bad_input_under_cold_start_deletes_nothing(tmp_path, make_study) -> Non
     blocker.write_text("")
     with pytest.raises(FileNotFoundError):
         make_study(model=tmp_path / "missing.onnx")
-    with pytest.raises(NotWritableError, match=r"artifact_dir '.*a-file/models' is not writable"):
+    with pytest.raises(NotWritableError, match=r"artifact_dir: cannot write .*a-file/models: .*a-file is a file, not a folder\."):
         make_study(artifact_dir=blocker / "models")
     with pytest.raises(ValueError, match="n_trials"):
         make_study(trials_load_method="warm_start").optimize(n_trials=-5)
@@ -180,7 +180,7 @@ def test_export_path_is_checked_before_the_model_is_built(tmp_path, make_study, 
     blocker.write_text("")
     built = []
     monkeypatch.setattr(study.objective, "build", lambda params: built.append(params))
-    with pytest.raises(NotWritableError, match=r"export path '.*a-file/best.onnx' is not writable"):
+    with pytest.raises(NotWritableError, match=r"export path: cannot write .*a-file/best\.onnx: .*a-file is a file, not a folder\."):
         study.export_best(blocker / "best.onnx")
     assert built == []
 
@@ -191,13 +191,13 @@ def test_best_model_is_an_artifact_and_loss_is_named(tmp_path, make_study) -> No
     assert study.study.metric_names == ["loss"]
     files = [meta.filename for meta in get_all_artifact_meta(study.study)]
     assert files == [model_filename(best.number)]
-    study.export_best(tmp_path / "best.onnx")  # the same model: not stored twice
+    study.export_best(tmp_path / "out" / "best.onnx")  # the same model: not stored twice; the folder made
     assert len(get_all_artifact_meta(study.study)) == 1
     assert len(list((tmp_path / "study-artifacts").iterdir())) == 1
     # The exported file is the stored artifact, and the int8 model of the best trial.
     (stored,) = (tmp_path / "study-artifacts").iterdir()
-    assert (tmp_path / "best.onnx").read_bytes() == stored.read_bytes()
-    assert_int8_layers(onnx.load(str(tmp_path / "best.onnx")), best.params)
+    assert (tmp_path / "out" / "best.onnx").read_bytes() == stored.read_bytes()
+    assert_int8_layers(onnx.load(str(tmp_path / "out" / "best.onnx")), best.params)
 
 
 def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_study) -> None:
