@@ -1,6 +1,6 @@
 """Export a quantization-aware-trained model to ONNX QuantizeLinear/DequantizeLinear (QDQ).
 
-Every enabled :class:`~optuna_quant.qat.nn.TensorQuantizer` becomes a QuantizeLinear ->
+Every enabled :class:`~optuna_quant.qat.tensor_quantizer.TensorQuantizer` becomes a QuantizeLinear ->
 DequantizeLinear pair with constant int8 scale and zero point, which onnxruntime runs, fusing
 the pairs around a Conv/MatMul into int8 kernels where it can.
 
@@ -35,7 +35,8 @@ import onnx
 import torch
 from torch import nn
 
-from optuna_quant.qat.nn import UncalibratedQuantizerError, named_quantizers
+from optuna_quant.qat.nn import named_quantizers
+from optuna_quant.qat.tensor_quantizer import UncalibratedQuantizerError
 from optuna_quant.quantization.torch_export import export_module
 from optuna_quant.quantization.torch_export import NATIVE_OPSET
 
