@@ -52,14 +52,12 @@ def export_qat(
 ) -> onnx.ModelProto:
     """Export a calibrated QAT model (in eval mode) to an ONNX QDQ model.
 
+    ``example_inputs``, ``path``, ``opset`` and ``dynamic_batch`` go to
+    :func:`~optuna_quant.quantization.torch_export.export_module`, which documents them.
+
     Args:
         model: A model with :class:`TensorQuantizer` s (see ``quantize_modules``); its
             train/eval mode is restored afterwards. Disabled quantizers export nothing.
-        example_inputs: One tensor, or a sequence of tensors passed as positional arguments.
-        path: Where to save the model as well, if given.
-        opset: ONNX opset, at least 13 (per-channel QDQ needs it); below 18 the model is
-            converted down, which fails for some models.
-        dynamic_batch: Export the first dimension of every input as symbolic.
 
     Returns:
         The ONNX model.

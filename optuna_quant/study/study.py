@@ -32,7 +32,7 @@ from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
 from optuna_quant.visualization.dashboard import DashboardFigures
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
 from optuna_quant.study.load_methods import open_study
@@ -292,7 +292,8 @@ def create_study(
             ``example_inputs``.
         calibration_data: Iterable of ``{input_name: array}`` (or arrays, single input).
         eval_fn: ``eval_fn(session) -> float``, higher is better. Give this or ``eval_data``.
-        eval_data: ``(inputs, labels)`` scored by top-1 accuracy (:class:`Top1Accuracy`).
+        eval_data: ``(inputs, labels)`` scored by top-1 accuracy
+            (:class:`~optuna_quant.measure.evaluate.Top1Accuracy`).
         accuracy_loss: Largest relative accuracy loss, in percent.
         latency_reduce: Wanted ``fp32_latency / int8_latency``.
         accuracy_weight: Weight of the accuracy term of POT's loss.
@@ -348,10 +349,7 @@ def create_study(
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
-    if eval_data is not None:
-        eval_fn = Top1Accuracy(*eval_data)
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
