@@ -28,8 +28,8 @@ from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.quantization.model_io import ModelLike
@@ -249,14 +249,13 @@ def probe(
     Raises:
         ValueError, TypeError, FileNotFoundError: For bad input, as ``create_study`` does.
     """
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     objective = QuantizationObjective(
         model,
         calibration_data,
-        Top1Accuracy(*eval_data) if eval_data is not None else eval_fn,
+        eval_fn,
         benchmark=benchmark,
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,

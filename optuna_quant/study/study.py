@@ -34,7 +34,7 @@ from optuna_quant.storages.artifacts import upload_model
 from optuna_quant.visualization.dashboard import DashboardFigures
 from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
 from optuna_quant.study.load_methods import open_study
@@ -160,7 +160,7 @@ class QuantStudy:
             raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
         with logs.quiet_onnxruntime():
             if self.run_trials:
-                check_writable(self.artifact_dir, "artifact_dir")
+                check_writable(self.artifact_dir, "artifact_dir", folder=True)
                 Worker(
                     self.study,
                     self.storage,
@@ -253,12 +253,13 @@ class QuantStudy:
             RuntimeError: If no trial has completed.
         """
         path = Path(path)
-        check_writable(path, "export path", is_file=True)
-        check_writable(self.artifact_dir, "artifact_dir")
+        check_writable(path, "export path")
+        check_writable(self.artifact_dir, "artifact_dir", folder=True)
         if best is None:
             best = self._require_best()
         with logs.quiet_onnxruntime():
             model = self._model_of(best)
+            path.parent.mkdir(parents=True, exist_ok=True)
             onnx.save(model, str(path))
             upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
@@ -302,7 +303,8 @@ def create_study(
             ``example_inputs``.
         calibration_data: Iterable of ``{input_name: array}`` (or arrays, single input).
         eval_fn: ``eval_fn(session) -> float``, higher is better. Give this or ``eval_data``.
-        eval_data: ``(inputs, labels)`` scored by top-1 accuracy (:class:`Top1Accuracy`).
+        eval_data: ``(inputs, labels)`` scored by top-1 accuracy
+            (:class:`~optuna_quant.measure.evaluate.Top1Accuracy`).
         accuracy_loss: Largest relative accuracy loss, in percent.
         latency_reduce: Wanted ``fp32_latency / int8_latency``.
         accuracy_weight: Weight of the accuracy term of POT's loss.
@@ -359,10 +361,7 @@ def create_study(
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
-    if eval_data is not None:
-        eval_fn = Top1Accuracy(*eval_data)
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
@@ -399,7 +398,7 @@ def create_study(
     if plan.method == "eval":
         study = open_study(plan, storage_obj, sampler_obj, objective_mode)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
-    check_writable(artifact_dir, "artifact_dir")
+    check_writable(artifact_dir, "artifact_dir", folder=True)
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(

@@ -83,22 +83,18 @@ class TrialSettings:
 class QuantizationObjective:
     """The Optuna objective that tunes int8 quantization of one model.
 
+    ``model``, ``calibration_data``, ``eval_fn``, ``benchmark``, ``fp32_accuracy``,
+    ``eval_subset_size`` and ``pre_process`` go to the :class:`~optuna_quant.measure.measurer.Measurer`,
+    which documents them.
+
     Args:
-        model: An ONNX model: a path or an ``onnx.ModelProto``.
-        calibration_data: Iterable of ``{input_name: array}`` (or arrays, for a single input).
-        eval_fn: ``eval_fn(session) -> float``, higher is better. It may take ``subset_size``.
         targets: The accuracy and latency targets and loss weights.
         scopes: The tuning scopes that vary (see :mod:`optuna_quant.trial.space`).
         nodes: Restrict the ``layer`` scope to these node names (default: every quantizable node).
         space: A ready search space; overrides ``scopes`` and ``nodes``.
-        benchmark: How latency is measured.
-        fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
-        eval_subset_size: Evaluate every model on the first N samples only.
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
-        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
-            (:class:`~optuna_quant.measure.measurer.Measurer`).
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
 
@@ -109,8 +105,7 @@ class QuantizationObjective:
         scaling: The loss scaling, once the reference is known in this process.
 
     Raises:
-        FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
-            raised here, before any trial runs.
+        FileNotFoundError, TypeError, ValueError: Those of the ``Measurer``, before any trial runs.
     """
 
     def __init__(

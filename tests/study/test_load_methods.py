@@ -134,7 +134,7 @@ def test_bad_input_under_cold_start_deletes_nothing(tmp_path, make_study) -> Non
     blocker.write_text("")
     with pytest.raises(FileNotFoundError):
         make_study(model=tmp_path / "missing.onnx")
-    with pytest.raises(NotWritableError, match=r"artifact_dir '.*a-file/models' is not writable"):
+    with pytest.raises(NotWritableError, match=r"artifact_dir: cannot write .*a-file/models: .*a-file is a file, not a folder\."):
         make_study(artifact_dir=blocker / "models")
     with pytest.raises(ValueError, match="n_trials"):
         make_study(trials_load_method="warm_start").optimize(n_trials=-5)
