@@ -35,17 +35,18 @@ from optuna_quant import logs
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import load_config
 from optuna_quant.cli.config import RunConfig
-from optuna_quant.cli.config import unwritable
 from optuna_quant.visualization.dashboard import DEFAULT_HOST
 from optuna_quant.visualization.dashboard import DEFAULT_PORT
 from optuna_quant.visualization.dashboard import serve
 from optuna_quant.visualization.dashboard import study_url
-from optuna_quant.trial.records import SENSITIVITY_KEY
-from optuna_quant.trial.records import SCALING_KEY
+from optuna_quant.trial.records import reference_scaling
+from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.visualization.report import write_report
 from optuna_quant.trial.results import BestResult
+from optuna_quant.storages.artifacts import check_writable
+from optuna_quant.storages.artifacts import NotWritableError
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.urls import describe
 from optuna_quant.storages.rdb import open_storage
@@ -225,9 +226,9 @@ def _probe(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     config = _checked_run_config(args.config)
     study = _study(config)
-    if SCALING_KEY not in study.user_attrs:  # a new study: say what to expect before its first trial
+    if reference_scaling(study.study) is None:  # a new study: say what to expect before its first trial
         with logs.quiet_onnxruntime(hint=_VERBOSE_HINT):
-            report = run_probe(study.objective, study.user_attrs.get(SENSITIVITY_KEY))
+            report = run_probe(study.objective, stored_sensitivity(study.study))
         print(report.report(), flush=True)
     code = _run(config, study, progress=not args.no_progress)
     if code == 0:
@@ -290,9 +291,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check_writable(path: str, what: str) -> None:
-    problem = unwritable(path)
-    if problem is not None:
-        raise UsageError(f"{what}: cannot write {path}: {problem}.")
+    try:
+        check_writable(path, what)
+    except NotWritableError as err:
+        raise UsageError(str(err)) from err
 
 
 def _print_best(best: BestResult) -> None:

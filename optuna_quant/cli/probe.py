@@ -20,85 +20,29 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 import math
-from pathlib import Path
 import time
 from typing import Any
 
 import onnx
-import onnxruntime as ort
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
+from optuna_quant.measure.cpu import Int8Support
+from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.trial.objective import Measurement
 from optuna_quant.trial.objective import QuantizationObjective
 
-CPU_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2", "asimddp", "i8mm")
-"""The /proc/cpuinfo flags that matter to onnxruntime's int8 kernels, fastest first."""
-DOT_PRODUCT_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni", "asimddp", "i8mm"})
-"""Flags of int8 dot-product instructions: without one, int8 kernels gain little over fp32."""
 NARROW_CHANNELS = 64
-"""Layers narrower than this rarely run faster in int8 (docs: 16/32/64 channels ran 0.85 times as
-fast as fp32 on this project's test CPU, 64/128/128 channels 2.6 times as fast)."""
+"""Layers narrower than this rarely run faster in int8 than in fp32."""
 # Ops that move or reshape data: no arithmetic, so no int8 kernel is needed.
 _DATA_OPS = frozenset({"Constant", "Shape", "Identity", "Cast", "Slice", "Expand", "Tile", "Gather",
                        "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Concat"})
 SensitivityMap = Mapping[str, Mapping[str, float]]
 """Per-layer sensitivity: ``{node: {"acc_cost": float, "time_saved_ms": float}}``."""
-
-
-@dataclass(frozen=True)
-class Int8Support:
-    """What this machine's onnxruntime offers for int8.
-
-    Attributes:
-        onnxruntime_version: ``onnxruntime.__version__``.
-        providers: The execution providers of this onnxruntime build.
-        instruction_sets: The flags of :data:`CPU_INT8_FLAGS` that this CPU has.
-    """
-
-    onnxruntime_version: str
-    providers: tuple[str, ...]
-    instruction_sets: tuple[str, ...]
-
-    @property
-    def dot_product(self) -> bool:
-        """Whether the CPU has int8 dot-product instructions (VNNI, AMX, ARM dot product)."""
-        return bool(DOT_PRODUCT_FLAGS.intersection(self.instruction_sets))
-
-    def describe(self) -> str:
-        """One line: the onnxruntime version, providers and int8 instructions."""
-        found = ", ".join(self.instruction_sets) or "none of " + ", ".join(CPU_INT8_FLAGS)
-        return f"onnxruntime {self.onnxruntime_version} ({', '.join(self.providers)}); int8 instructions: {found}"
-
-
-def int8_support(cpuinfo: str | Path = "/proc/cpuinfo") -> Int8Support:
-    """Read the int8 instruction sets from ``cpuinfo`` and onnxruntime's providers.
-
-    A missing ``cpuinfo`` (not Linux) gives no instruction sets.
-
-    Example:
-        >>> support = int8_support()
-        >>> "CPUExecutionProvider" in support.providers
-        True
-    """
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86, ARM
-            flags.update(value.split())
-    return Int8Support(
-        onnxruntime_version=ort.__version__,
-        providers=tuple(ort.get_available_providers()),
-        instruction_sets=tuple(flag for flag in CPU_INT8_FLAGS if flag in flags),
-    )
 
 
 @dataclass(frozen=True)
@@ -305,14 +249,13 @@ def probe(
     Raises:
         ValueError, TypeError, FileNotFoundError: For bad input, as ``create_study`` does.
     """
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     objective = QuantizationObjective(
         model,
         calibration_data,
-        Top1Accuracy(*eval_data) if eval_data is not None else eval_fn,
+        eval_fn,
         benchmark=benchmark,
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,

@@ -23,6 +23,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import accepts_subset_size
 from optuna_quant.measure.evaluate import checked_score
 from optuna_quant.measure.evaluate import EvalFn
@@ -113,6 +114,7 @@ class Measurer:
         latency_feed: The input every timing runs on (``benchmark.batch_size`` rows).
         quantizer: Builds the int8 models from cached calibration.
         fingerprint: The SHA-256 of the model as given, which a shared study checks.
+        cpu: What this machine offers for int8; a study's trials all come from one int8 class.
 
     Raises:
         FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
@@ -147,6 +149,7 @@ class Measurer:
         serialized = self.model.SerializeToString()  # once: large models take seconds
         self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
         self.fingerprint = hashlib.sha256(serialized).hexdigest()
+        self.cpu = int8_support()
         self._fp32_session = self._session(serialized)
 
     def _session(self, model: onnx.ModelProto | bytes) -> ort.InferenceSession:

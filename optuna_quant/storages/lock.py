@@ -35,8 +35,7 @@ def study_lock(storage: BaseStorage, study_name: str) -> StudyLock:
         return lambda: _advisory_lock(storage.engine, _lock_key(study_name))
     database = sqlite_file(storage)
     if database is not None:
-        path = database.with_suffix(database.suffix + ".lock")
-        return lambda: _file_lock(path)
+        return lambda: sqlite_file_lock(database)
     with _PROCESS_LOCKS_GUARD:
         lock = _PROCESS_LOCKS.setdefault(study_name, threading.Lock())
     return lambda: lock
@@ -59,10 +58,11 @@ def _advisory_lock(engine: sqlalchemy.engine.Engine, key: int) -> Iterator[None]
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def sqlite_file_lock(database: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``<database>.lock`` beside an SQLite database, across processes."""
     import fcntl  # POSIX only: imported here so that the module loads everywhere
 
-    with open(path, "a") as handle:
+    with open(database.with_suffix(database.suffix + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -17,7 +17,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 import time
 from typing import Any
@@ -30,6 +32,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
+from optuna_quant.storages.lock import sqlite_file_lock
 from optuna_quant.storages.urls import masked_url
 from optuna_quant.storages.urls import sqlite_file
 
@@ -93,7 +96,8 @@ def open_storage(
             heartbeat_stale_trial_callback=_retry(max_retry),
         )
     try:
-        storage = _rdb_storage(url, options)
+        with _creation_lock(url):
+            storage = _rdb_storage(url, options)
         if sqlite and not in_memory:  # an in-memory database lives in its one connection: kept
             _immediate_transactions(storage.engine)
         return storage
@@ -123,19 +127,34 @@ def _immediate_transactions(engine: sqlalchemy.engine.Engine) -> None:
     engine.dispose()  # connections opened before the listeners get them when reopened
 
 
+def _creation_lock(url: str) -> AbstractContextManager[None]:
+    # Workers that open a fresh SQLite file together would race to create Optuna's tables. A
+    # folder that does not exist has no lock file: SQLite's own error names the database then.
+    database = sqlite_file(url)
+    if database is None or not database.parent.is_dir():
+        return nullcontext()
+    return sqlite_file_lock(database)
+
+
 def _rdb_storage(url: str, options: dict[str, Any]) -> RDBStorage:
     attempt = 1
     while True:
         try:
             with optuna_warnings_off():
                 return RDBStorage(url, **options)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            # Workers that open a fresh database together race to create Optuna's tables; the
-            # loser finds them made on its next attempt.
-            if attempt == _CREATE_ATTEMPTS:
+        except sqlalchemy.exc.DBAPIError as err:
+            # Workers that open a fresh database server together race to create Optuna's tables;
+            # the loser finds them made on its next attempt.
+            if attempt == _CREATE_ATTEMPTS or not _lost_creation_race(err):
                 raise
             time.sleep(0.2 * attempt)
             attempt += 1
+
+
+def _lost_creation_race(err: sqlalchemy.exc.DBAPIError) -> bool:
+    # PostgreSQL reports a table made meanwhile as an integrity or programming error, MySQL as
+    # an operational one ("Table ... already exists"); an unreachable server is no race.
+    return isinstance(err, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)) or "already exists" in str(err)
 
 
 def heartbeat_interval(storage: BaseStorage) -> int | None:

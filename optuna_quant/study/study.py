@@ -1,4 +1,5 @@
-"""``create_study``: a quantization study on Optuna, with POT's options and best-result rule.
+"""``create_study``: a quantization study on Optuna, with POT's options; :class:`QuantStudy` runs
+it, reports its best trial and exports that trial's int8 model.
 
 Example:
     >>> import optuna_quant as oq
@@ -32,8 +33,9 @@ from optuna_quant.trial import records
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
 from optuna_quant.visualization.dashboard import DashboardFigures
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
 from optuna_quant.study.load_methods import open_study
@@ -160,7 +162,7 @@ class QuantStudy:
             raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
         with logs.quiet_onnxruntime():
             if self.run_trials:
-                check_writable(self.artifact_dir, "artifact_dir")
+                check_writable(self.artifact_dir, "artifact_dir", folder=True)
                 Worker(
                     self.study,
                     self.storage,
@@ -180,7 +182,12 @@ class QuantStudy:
 
     @property
     def best_result(self) -> BestResult | None:
-        """The best trial by POT's rule: within the accuracy target, the fastest; else lowest loss."""
+        """The best trial (:func:`optuna_quant.trial.results.best_trial`), or ``None`` before any.
+
+        Among the trials within the accuracy target, the highest ``lat_diff`` (ties: the lower
+        ``acc_loss``), as POT; when none is within it, the lowest ``acc_loss`` among the trials at
+        least as fast as fp32 (among all when none is).
+        """
         trial = best_trial(self.study.get_trials(deepcopy=False), self.targets)
         return None if trial is None else BestResult.from_trial(trial, self.targets)
 
@@ -225,6 +232,10 @@ class QuantStudy:
     def _model_of(self, best: BestResult) -> onnx.ModelProto:
         if self._built is None or self._built[0] != best.number:
             model = self.objective.build(best.params)
+            trial = self.study.get_trials(deepcopy=False)[best.number]
+            props = {prop.key: prop.value for prop in model.metadata_props}
+            props.update({f"optuna_quant.{key}": str(value) for key, value in records.provenance(trial).items()})
+            onnx.helper.set_model_props(model, props)
             self._built = (best.number, model)
         return self._built[1]
 
@@ -244,12 +255,13 @@ class QuantStudy:
             RuntimeError: If no trial has completed.
         """
         path = Path(path)
-        check_writable(path, "export path", is_file=True)
-        check_writable(self.artifact_dir, "artifact_dir")
+        check_writable(path, "export path")
+        check_writable(self.artifact_dir, "artifact_dir", folder=True)
         if best is None:
             best = self._require_best()
         with logs.quiet_onnxruntime():
             model = self._model_of(best)
+            path.parent.mkdir(parents=True, exist_ok=True)
             onnx.save(model, str(path))
             upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
@@ -293,7 +305,8 @@ def create_study(
             ``example_inputs``.
         calibration_data: Iterable of ``{input_name: array}`` (or arrays, single input).
         eval_fn: ``eval_fn(session) -> float``, higher is better. Give this or ``eval_data``.
-        eval_data: ``(inputs, labels)`` scored by top-1 accuracy (:class:`Top1Accuracy`).
+        eval_data: ``(inputs, labels)`` scored by top-1 accuracy
+            (:class:`~optuna_quant.measure.evaluate.Top1Accuracy`).
         accuracy_loss: Largest relative accuracy loss, in percent.
         latency_reduce: Wanted ``fp32_latency / int8_latency``.
         accuracy_weight: Weight of the accuracy term of POT's loss.
@@ -337,8 +350,9 @@ def create_study(
         The :class:`QuantStudy`.
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: For bad input or a stored study made with
-            another search space, before any trial runs; a storage that cannot be opened raises
+        ValueError, TypeError, FileNotFoundError: For bad input, or a stored study made with
+            another search space or joined from a CPU of another int8 class (under warm_start:
+            before the model is read), before any trial runs; a storage that cannot be opened raises
             :class:`optuna_quant.storages.rdb.StorageError` (a ``ValueError``) naming its URL, before
             anything is written.
     """
@@ -350,21 +364,21 @@ def create_study(
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
-    if eval_data is not None:
-        eval_fn = Top1Accuracy(*eval_data)
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
     storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    scopes = tuple(scopes)
+    cpu = int8_support()
+    plan = plan_load(
+        trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj, int8_class=cpu.int8_class
+    )
     node_modules: dict[str, str] = {}
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.quantization.torch_export import export_module
 
         model, node_modules = export_module(model, example_inputs)
-    scopes = tuple(scopes)
-    plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
     lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
         model,
@@ -387,11 +401,16 @@ def create_study(
     if plan.method == "eval":
         study = open_study(plan, storage_obj, sampler_obj, objective_mode)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
-    check_writable(artifact_dir, "artifact_dir")
+    check_writable(artifact_dir, "artifact_dir", folder=True)
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(
-            study, space=objective.space, fingerprint=objective.measurer.fingerprint, targets=targets, node_modules=node_modules
+            study,
+            space=objective.space,
+            fingerprint=objective.measurer.fingerprint,
+            targets=targets,
+            int8_class=cpu.int8_class,
+            node_modules=node_modules,
         )
     if study.metric_names is None:
         with optuna_warnings_off():

@@ -1,13 +1,13 @@
 """The worker loop: how every process that shares a study decides whether to run one more trial.
 
 Each decision is taken under the study lock (:func:`optuna_quant.storages.lock.study_lock`) from the
-study's trials alone, and the lock is held until Optuna has asked for the trial, so the count that
-allowed it includes it for the next worker:
+study's trials alone (rules 2 to 6 are :func:`decide`), and the lock is held until Optuna has asked
+for the trial, so the count that allowed it includes it for the next worker:
 
 1. fail the trials of dead workers (Optuna's heartbeat: they are queued again);
 2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
-3. until the reference stored its scaling: pop it if it is queued first, wait while it runs,
-   queue it if it is missing;
+3. until the reference stored its scaling: wait while it runs, pop it (or a trial the user
+   queued) if one is queued, queue it if it is missing and the budget has room;
 4. pop a queued trial (a retry of a dead worker's trial counts once in the budget);
 5. run a new trial while the budget (``n_trials``, the study's total over every worker: finished,
    running and queued trials) has room;
@@ -40,6 +40,7 @@ from optuna_quant.trial import guidance
 from optuna_quant.trial import records
 from optuna_quant._optuna_private import record_first_heartbeat
 from optuna_quant._optuna_private import stop_orphan_heartbeats
+from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.reference import check_baseline
 from optuna_quant.trial.reference import ReferenceMeasurementError
@@ -54,10 +55,17 @@ _logger = logging.getLogger("optuna_quant")
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
 
 
-class _Next(enum.Enum):
+class Step(enum.Enum):
+    """What a worker does next."""
+
     RUN = "run"
+    """Ask for a trial: Optuna pops a queued one first."""
+    QUEUE_REFERENCE = "queue_reference"
+    """Queue the reference trial, then ask for it."""
     WAIT = "wait"
+    """Look again after a beat (:class:`optuna_quant.storages.waiting.Waiter`)."""
     STOP = "stop"
+    """Run no more trials."""
 
 
 def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
@@ -88,6 +96,59 @@ def _newly_running(before: Sequence[FrozenTrial], now: Sequence[FrozenTrial]) ->
     """
     was_running = {t.number for t in before if t.state == TrialState.RUNNING}
     return next((t.number for t in now if t.state == TrialState.RUNNING and t.number not in was_running), None)
+
+
+def decide(
+    trials: Sequence[FrozenTrial],
+    n_trials: int | None,
+    *,
+    reference_stored: bool,
+    past_deadline: bool = False,
+    stop_targets: Targets | None = None,
+) -> tuple[Step, str]:
+    """Rules 2 to 6 of the module's docstring: the next step of a worker, from the study's trials.
+
+    Args:
+        trials: Every trial of the study, read under the study lock.
+        n_trials: The study's total trials; ``None`` for no limit.
+        reference_stored: Whether the reference stored its loss scaling.
+        past_deadline: Whether the worker's timeout has passed.
+        stop_targets: The targets whose first trial to meet both stops the study
+            (``stop_on_target``); ``None`` not to stop on them.
+
+    Returns:
+        The step, and what a :attr:`Step.WAIT` waits for.
+
+    Example:
+        >>> queued = optuna.trial.create_trial(state=TrialState.WAITING)
+        >>> decide([queued], n_trials=1, reference_stored=True)
+        (<Step.RUN: 'run'>, '')
+        >>> decide([], n_trials=1, reference_stored=False)
+        (<Step.QUEUE_REFERENCE: 'queue_reference'>, '')
+    """
+    if past_deadline:
+        return Step.STOP, ""
+    if stop_targets is not None and target_reached(trials, stop_targets) is not None:
+        return Step.STOP, ""
+    room = n_trials is None or counted_trials(trials) < n_trials
+    waiting = any(t.state == TrialState.WAITING for t in trials)
+    if not reference_stored:
+        running = [t.number for t in trials if t.state == TrialState.RUNNING and records.is_reference(t)]
+        # A running reference first: a second queued one (a retry beside a fresh one) waits, and
+        # runs once the scaling is stored, as an ordinary copy of the first.
+        if running:
+            return Step.WAIT, f"the reference trial {running[0]}"
+        # A queued reference is popped; so is a trial the user queued, whose objective measures
+        # the reference before it.
+        if waiting:
+            return Step.RUN, ""
+        return (Step.QUEUE_REFERENCE, "") if room else (Step.STOP, "")
+    if room or waiting:
+        return Step.RUN, ""
+    running = [t.number for t in trials if t.state == TrialState.RUNNING]
+    if running:
+        return Step.WAIT, f"running trial(s) {running} of other workers"
+    return Step.STOP, ""
 
 
 class Worker:
@@ -137,54 +198,35 @@ class Worker:
             check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
         with self.bar:
             while True:
-                (decision, trials), held = self.waiter.until(self.lock, self.study, self._look, fail_stale=True)
-                if decision == _Next.STOP:
+                (step, trials), held = self.waiter.until(self.lock, self.study, self._look, fail_stale=True)
+                if step == Step.STOP:
                     held.close()
                     return
                 self._take_prior()
                 # Optuna asks for the trial under the lock; the objective releases it.
                 self._run_one(held, trials)
 
-    def _look(self) -> tuple[tuple[_Next, list[FrozenTrial]] | None, str]:
+    def _look(self) -> tuple[tuple[Step, list[FrozenTrial]] | None, str]:
         trials = self.study.get_trials(deepcopy=False)
         self._show(trials)
-        decision, waiting_on = self._decide(trials)
-        return (None, waiting_on) if decision == _Next.WAIT else ((decision, trials), "")
+        step, waiting_on = decide(
+            trials,
+            self.n_trials,
+            reference_stored=records.reference_scaling(self.study) is not None,
+            past_deadline=self.deadline is not None and time.monotonic() >= self.deadline,
+            stop_targets=self.objective.targets if self.objective.settings.stop_on_target else None,
+        )
+        if step == Step.WAIT:
+            return None, waiting_on
+        if step == Step.QUEUE_REFERENCE:
+            records.enqueue_reference(self.study, self.objective.space.default_params())
+        return (step, trials), ""
 
     def _take_prior(self) -> None:
         """Give the sampler the study's prior as it stands: the measured one, and the choices any
         worker learnt to fail."""
         objective = self.objective
         guidance.set_prior(self.study.sampler, self.study, objective.targets, objective.space, objective.settings.guided)
-
-    def _decide(self, trials: list[FrozenTrial]) -> tuple[_Next, str]:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return _Next.STOP, ""
-        if self.objective.settings.stop_on_target and target_reached(trials, self.objective.targets) is not None:
-            return _Next.STOP, ""
-        counted = counted_trials(trials)
-        room = self.n_trials is None or counted < self.n_trials
-        waiting = [t for t in trials if t.state == TrialState.WAITING]
-        if records.reference_scaling(self.study) is None:
-            running = [t.number for t in trials if t.state == TrialState.RUNNING and records.is_reference(t)]
-            # A running reference first: a second queued one (a retry beside a fresh one) waits, and
-            # runs once the scaling is stored, as an ordinary copy of the first.
-            if running:
-                return _Next.WAIT, f"the reference trial {running[0]}"
-            if waiting and records.is_reference(waiting[0]):
-                return _Next.RUN, ""
-            if waiting:  # a trial the user queued: the objective measures the reference before it
-                return _Next.RUN, ""
-            if room:
-                records.enqueue_reference(self.study, self.objective.space.default_params())
-                return _Next.RUN, ""
-            return _Next.STOP, ""
-        if room or waiting:
-            return _Next.RUN, ""
-        running = [t.number for t in trials if t.state == TrialState.RUNNING]
-        if running:
-            return _Next.WAIT, f"running trial(s) {running} of other workers"
-        return _Next.STOP, ""
 
     def _run_one(self, lock: ExitStack, before: Sequence[FrozenTrial]) -> None:
         asked: list[optuna.Trial] = []
@@ -237,8 +279,8 @@ class Worker:
         postfix: dict[str, str] = {}
         best = best_trial(trials, self.objective.targets)
         if best is not None:
-            postfix["acc_loss"] = f"{best.user_attrs['acc_loss']:.4f}"
-            postfix["lat_diff"] = f"{best.user_attrs['lat_diff']:.4f}"
+            postfix["acc_loss"] = f"{records.acc_loss(best):.4f}"
+            postfix["lat_diff"] = f"{records.lat_diff(best):.4f}"
         if self.deadline is not None:
             postfix["time left"] = f"{max(0.0, self.deadline - time.monotonic()) / 60:.1f} min"
         self.bar.set_postfix(postfix, refresh=False)

@@ -90,7 +90,7 @@ def measure_space(
     then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
-    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    with three ``op_types`` choices), the layers what
     :func:`measure_sensitivity` says, which ``timing_feed`` is passed to.
 
     Returns:

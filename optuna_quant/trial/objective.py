@@ -86,22 +86,18 @@ class TrialSettings:
 class QuantizationObjective:
     """The Optuna objective that tunes int8 quantization of one model.
 
+    ``model``, ``calibration_data``, ``eval_fn``, ``benchmark``, ``fp32_accuracy``,
+    ``eval_subset_size`` and ``pre_process`` go to the :class:`~optuna_quant.measure.measurer.Measurer`,
+    which documents them.
+
     Args:
-        model: An ONNX model: a path or an ``onnx.ModelProto``.
-        calibration_data: Iterable of ``{input_name: array}`` (or arrays, for a single input).
-        eval_fn: ``eval_fn(session) -> float``, higher is better. It may take ``subset_size``.
         targets: The accuracy and latency targets and loss weights.
         scopes: The tuning scopes that vary (see :mod:`optuna_quant.trial.space`).
         nodes: Restrict the ``layer`` scope to these node names (default: every quantizable node).
         space: A ready search space; overrides ``scopes`` and ``nodes``.
-        benchmark: How latency is measured.
-        fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
-        eval_subset_size: Evaluate every model on the first N samples only.
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
-        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
-            (:class:`~optuna_quant.measure.measurer.Measurer`).
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
 
@@ -112,8 +108,7 @@ class QuantizationObjective:
         scaling: The loss scaling, once the reference is known in this process.
 
     Raises:
-        FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
-            raised here, before any trial runs.
+        FileNotFoundError, TypeError, ValueError: Those of the ``Measurer``, before any trial runs.
     """
 
     def __init__(
@@ -198,7 +193,7 @@ class QuantizationObjective:
 
     def record(self, trial: optuna.Trial, measurement: Measurement, loss: float) -> None:
         """Record ``measurement`` and its loss on ``trial``."""
-        attrs = {**measurement.user_attrs(), "loss": loss}
+        attrs = {**measurement.user_attrs(), records.LOSS_KEY: loss}
         records.record_result(trial, attrs, self.targets.constraints(measurement.acc_loss, measurement.lat_diff))
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
@@ -212,7 +207,7 @@ class QuantizationObjective:
             max_trials: The study's budget, for the log lines and the start-up trials.
         """
         study = trial.study
-        records.start_trial(trial)
+        records.start_trial(trial, self.measurer.cpu.int8_class, self.measurer.cpu.onnxruntime_version)
         if records.is_reference(trial):
             if records.reference_scaling(study) is None:
                 return self._run_reference(trial, max_trials)
@@ -232,8 +227,8 @@ class QuantizationObjective:
             records.copy_result(trial, previous)
             _logger.info(
                 "Params already evaluated. Returning previous result: acc_loss: %.4f lat_diff: %.4f",
-                previous.user_attrs["acc_loss"],
-                previous.user_attrs["lat_diff"],
+                records.acc_loss(previous),
+                records.lat_diff(previous),
             )
             self._log_end(seen, trial.number, total)
             return list(previous.values) if self.settings.objective_mode == "pareto" else float(previous.value)
@@ -306,7 +301,7 @@ class QuantizationObjective:
             params,
             self.space.distributions(),
             values if isinstance(values, list) else [values],
-            {**measurement.user_attrs(), "loss": loss},
+            {**measurement.user_attrs(), records.LOSS_KEY: loss},
             self.targets.constraints(measurement.acc_loss, measurement.lat_diff),
         )
 

@@ -1,12 +1,13 @@
-"""The records a study keeps: the one module that reads and writes what optuna-quant stores.
+"""The schema of what optuna-quant stores: every key, with the functions that write and read it.
 
-Study user attrs, written when the study is made or by its reference trial, then only read:
-the search space, the targets, the model's fingerprint, the node-to-module map of a torch model,
-the fp32 accuracy and latency, the loss scaling of the reference, the per-layer sensitivity
-measured after it (:mod:`optuna_quant.trial.guidance`) and the choices learnt to fail
-(:class:`ForbiddenChoice`, :mod:`optuna_quant.trial.failures`). Trial user attrs: the
-measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
-reference flag, the trial a duplicate copied and the reason of a failure.
+Study user attrs, written when the study is made (:func:`share_records`) or by its reference
+trial, then only read: the search space, the targets, the model's fingerprint, the node-to-module
+map of a torch model, the fp32 accuracy and latency, the loss scaling of the reference, the
+per-layer sensitivity measured after it (:mod:`optuna_quant.trial.guidance`), and the choices
+learnt to fail (:class:`ForbiddenChoice`, :mod:`optuna_quant.trial.failures`). Trial user attrs:
+the measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
+reference flag, the trial a duplicate copied and the reason of a failure. No other module names a
+key: the rest of the package reads the records through the readers here.
 
 A stored space equals another when their Optuna distributions are equal (the same parameters with
 the same choices): that one rule decides whether a worker may join a study. Writes that depend on
@@ -18,9 +19,9 @@ Example:
     >>> from optuna_quant.trial.space import SearchSpace
     >>> study = optuna.create_study()
     >>> space = SearchSpace(nodes=("conv",), scopes=frozenset({"layer"}))
-    >>> share_records(study, space=space, fingerprint="abc", targets=Targets()) == space
+    >>> share_records(study, space=space, fingerprint="abc", targets=Targets(), int8_class="x86-vnni") == space
     True
-    >>> share_records(study, space=space, fingerprint="other", targets=Targets())
+    >>> share_records(study, space=space, fingerprint="other", targets=Targets(), int8_class="x86-vnni")
     Traceback (most recent call last):
     ...
     ValueError: Study 'no-name-...' was made with another model sha256 ('abc', here 'other'); use another study name or cold_start.
@@ -57,10 +58,18 @@ FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
 FORBIDDEN_KEY = "forbidden_choices"
+INT8_CLASS_KEY = "int8_class"
+ONNXRUNTIME_KEY = "onnxruntime"
+# The measurement's keys: :meth:`optuna_quant.measure.measurer.Measurement.user_attrs` writes
+# them, in a layer below this one; the objective adds the loss.
+ACC_LOSS_KEY = "acc_loss"
+LAT_DIFF_KEY = "lat_diff"
+ACCURACY_KEY = "accuracy"
+LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
-_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY)
+_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY, INT8_CLASS_KEY, ONNXRUNTIME_KEY)
 
 
 def share_records(
@@ -69,6 +78,7 @@ def share_records(
     space: SearchSpace,
     fingerprint: str,
     targets: Targets,
+    int8_class: str,
     node_modules: Mapping[str, str] | None = None,
 ) -> SearchSpace:
     """Check ``study``'s records against a worker's, then store those it lacks; the study's space.
@@ -78,10 +88,12 @@ def share_records(
     it cannot find again.
 
     Raises:
-        ValueError: If the study was made for another model, targets or search space.
+        ValueError: If the study was made for another model, targets, search space or CPU int8
+            class (:func:`check_int8_class`).
     """
+    check_int8_class(study, int8_class)
     attrs = study.user_attrs
-    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict()}
+    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict(), INT8_CLASS_KEY: int8_class}
     for key, value in own.items():
         if key in attrs and attrs[key] != value:
             raise ValueError(
@@ -105,6 +117,30 @@ def share_records(
     return stored
 
 
+def check_int8_class(study: optuna.Study, int8_class: str) -> None:
+    """Refuse a worker whose CPU is of another int8 class than the one ``study`` is tuned on.
+
+    Latency, and the accuracy of an int8 model, differ between classes
+    (:mod:`optuna_quant.measure.cpu`): mixed in one study, trials would not compare.
+
+    Raises:
+        ValueError: If the study records another class; it names both and what to do instead.
+    """
+    stored = stored_int8_class(study)
+    if stored is not None and stored != int8_class:
+        raise ValueError(
+            f"Study {study.study_name!r} is tuned on CPUs of int8 class {stored!r}; this machine's is "
+            f"{int8_class!r}, whose latency and int8 accuracy differ: its trials would not compare. Run "
+            "this worker on a machine of that class, or tune this class in a study of its own (another "
+            "study_name, or fine_tune around the stored best)."
+        )
+
+
+def stored_int8_class(study: optuna.Study) -> str | None:
+    """The CPU int8 class ``study`` is tuned on (every trial's), or ``None`` before its first worker."""
+    return study.user_attrs.get(INT8_CLASS_KEY)
+
+
 def stored_space(study: optuna.Study) -> SearchSpace:
     """The search space stored with ``study``.
 
@@ -120,6 +156,12 @@ def stored_space(study: optuna.Study) -> SearchSpace:
     return SearchSpace.from_dict(stored)
 
 
+def stored_targets(study: optuna.Study) -> Targets | None:
+    """The targets stored with ``study`` when it was made; ``None`` if optuna-quant did not make it."""
+    stored = study.user_attrs.get(TARGETS_KEY)
+    return None if stored is None else Targets(**stored)
+
+
 def node_modules(study: optuna.Study) -> dict[str, str]:
     """For a study of a ``torch.nn.Module``: the module name of each tunable ONNX node."""
     return dict(study.user_attrs.get(MODULES_KEY, {}))
@@ -131,6 +173,11 @@ def reference_scaling(study: optuna.Study) -> tuple[float, LossScaling] | None:
     if SCALING_KEY not in attrs:
         return None
     return attrs[FP32_ACCURACY_KEY], LossScaling.from_dict(attrs[SCALING_KEY])
+
+
+def stored_fp32_accuracy(study: optuna.Study) -> float | None:
+    """The fp32 accuracy stored by the reference, or ``None`` before it."""
+    return study.user_attrs.get(FP32_ACCURACY_KEY)
 
 
 def store_reference(study: optuna.Study, fp32_accuracy: float, fp32_latency_ms: float, scaling: LossScaling) -> None:
@@ -161,6 +208,11 @@ def stored_guidance(study: optuna.Study) -> tuple[dict[str, Any], dict[str, Any]
     if SENSITIVITY_KEY not in attrs or GUIDANCE_KEY not in attrs:
         return None
     return attrs[SENSITIVITY_KEY], attrs[GUIDANCE_KEY]
+
+
+def stored_sensitivity(study: optuna.Study) -> dict[str, dict[str, Any]] | None:
+    """The per-layer sensitivity stored by :func:`store_guidance`, or ``None``."""
+    return study.user_attrs.get(SENSITIVITY_KEY)
 
 
 def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:
@@ -198,9 +250,30 @@ def reference_trial(
     )
 
 
-def start_trial(trial: optuna.Trial) -> None:
-    """Name this process as the worker of ``trial`` (a retried trial names the dead one)."""
+def start_trial(trial: optuna.Trial, int8_class: str, onnxruntime_version: str) -> None:
+    """Name this process as the worker of ``trial`` (a retried trial names the dead one), with
+    its CPU's int8 class and its onnxruntime."""
     trial.set_user_attr(WORKER_KEY, WORKER)
+    trial.set_user_attr(INT8_CLASS_KEY, int8_class)
+    trial.set_user_attr(ONNXRUNTIME_KEY, onnxruntime_version)
+
+
+def provenance(trial: FrozenTrial) -> dict[str, Any]:
+    """What an exported model of ``trial`` says of itself: the trial, what it measured, and the
+    CPU int8 class and onnxruntime it was measured with (the figures hold for that class only)."""
+    attrs = trial.user_attrs
+    return {
+        "study_trial": trial.number,
+        ACC_LOSS_KEY: attrs.get(ACC_LOSS_KEY),
+        LAT_DIFF_KEY: attrs.get(LAT_DIFF_KEY),
+        INT8_CLASS_KEY: attrs.get(INT8_CLASS_KEY),
+        ONNXRUNTIME_KEY: attrs.get(ONNXRUNTIME_KEY),
+    }
+
+
+def worker_int8_class(trial: FrozenTrial) -> str | None:
+    """The CPU int8 class of the worker that ran ``trial`` (``None`` for a trial of optuna-quant 0.1)."""
+    return trial.user_attrs.get(INT8_CLASS_KEY)
 
 
 def claim(trial: optuna.Trial) -> None:
@@ -215,7 +288,27 @@ def is_measuring(trial: FrozenTrial) -> bool:
 
 def measured(trial: FrozenTrial) -> bool:
     """Whether ``trial`` holds a measurement of its own or a copied one."""
-    return "acc_loss" in trial.user_attrs
+    return ACC_LOSS_KEY in trial.user_attrs
+
+
+def acc_loss(trial: FrozenTrial) -> float:
+    """The relative accuracy loss against fp32 of a :func:`measured` trial."""
+    return trial.user_attrs[ACC_LOSS_KEY]
+
+
+def lat_diff(trial: FrozenTrial) -> float:
+    """The speed-up against fp32 (``fp32_latency / int8_latency``) of a :func:`measured` trial."""
+    return trial.user_attrs[LAT_DIFF_KEY]
+
+
+def int8_accuracy(trial: FrozenTrial) -> float | None:
+    """The int8 model's score from ``eval_fn`` that ``trial`` recorded, or ``None``."""
+    return trial.user_attrs.get(ACCURACY_KEY)
+
+
+def loss(trial: FrozenTrial) -> float | None:
+    """POT's loss that ``trial`` recorded beside its value(s), or ``None``."""
+    return trial.user_attrs.get(LOSS_KEY)
 
 
 def record_result(trial: optuna.Trial, attrs: Mapping[str, Any], constraints: Mapping[str, float]) -> None:

@@ -1,5 +1,9 @@
-"""What a trial recorded, and the rule for the best trial of a study (POT's, when a trial keeps the
-accuracy; see :func:`optuna_quant.measure.loss.best_index`)."""
+"""The measured trials of a study, and which of them is the best.
+
+:func:`recorded` keeps the trials that hold a measurement; :func:`best_trial` picks the best by
+:func:`optuna_quant.measure.loss.best_index` (POT's rule while a trial keeps the accuracy);
+:class:`BestResult` is that trial as a user reads it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from optuna.trial import TrialState
 from optuna_quant.measure.loss import best_index
 from optuna_quant.measure.loss import Result
 from optuna_quant.measure.loss import Targets
+from optuna_quant.trial import records
 
 
 def recorded(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
@@ -21,20 +26,24 @@ def recorded(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
         t
         for t in trials
         if t.state == TrialState.COMPLETE
-        and "acc_loss" in t.user_attrs
+        and records.measured(t)
         and t.values is not None
-        and (len(t.values) == 1 or "loss" in t.user_attrs)
+        and (len(t.values) == 1 or records.loss(t) is not None)
     ]
 
 
 def trial_loss(trial: FrozenTrial) -> float:
     """POT's loss of a recorded trial: its value, or its ``loss`` attr in Pareto mode (two values)."""
-    return float(trial.values[0]) if len(trial.values) == 1 else float(trial.user_attrs["loss"])
+    if len(trial.values) == 1:
+        return float(trial.values[0])
+    loss = records.loss(trial)
+    assert loss is not None  # recorded() keeps a trial of two values only with its loss
+    return float(loss)
 
 
 def result_of(trial: FrozenTrial) -> Result:
     """What the best-result rule looks at in a recorded trial."""
-    return Result(trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"], trial_loss(trial))
+    return Result(records.acc_loss(trial), records.lat_diff(trial), trial_loss(trial))
 
 
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
@@ -75,7 +84,7 @@ class BestResult:
     @classmethod
     def from_trial(cls, trial: FrozenTrial, targets: Targets) -> BestResult:
         """The result that ``trial`` recorded."""
-        acc_loss, lat_diff = trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"]
+        acc_loss, lat_diff = records.acc_loss(trial), records.lat_diff(trial)
         return cls(
             number=trial.number,
             params=dict(trial.params),

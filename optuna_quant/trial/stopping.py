@@ -24,17 +24,19 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_quant.measure.loss import Targets
-from optuna_quant.trial.records import is_reference
-from optuna_quant.trial.records import measured
+from optuna_quant.trial import records
 
 
 def meets_targets(trial: FrozenTrial, targets: Targets) -> bool:
     """Whether a completed trial's recorded ``acc_loss`` and ``lat_diff`` meet both targets."""
-    attrs = trial.user_attrs
-    return trial.state == TrialState.COMPLETE and measured(trial) and targets.met(attrs["acc_loss"], attrs["lat_diff"])
+    return (
+        trial.state == TrialState.COMPLETE
+        and records.measured(trial)
+        and targets.met(records.acc_loss(trial), records.lat_diff(trial))
+    )
 
 
 def target_reached(trials: Sequence[FrozenTrial], targets: Targets) -> int | None:
     """The number of the first trial (by number) other than the reference that met both targets."""
-    met = [t.number for t in trials if not is_reference(t) and meets_targets(t, targets)]
+    met = [t.number for t in trials if not records.is_reference(t) and meets_targets(t, targets)]
     return min(met, default=None)

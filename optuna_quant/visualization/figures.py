@@ -11,7 +11,8 @@
   the time it saves.
 
 Each is a pure function of the measured trials and the targets (or of the sensitivity mapping);
-:func:`study_figures` reads them from a study's storage once and makes every figure.
+:func:`figures_of` makes every figure of them, :func:`study_figures` of what a study stores (read
+through :mod:`optuna_quant.trial.records`).
 
 Example:
     >>> study = optuna.load_study(study_name="mnist-cnn-int8", storage="sqlite:///demo.db")  # doctest: +SKIP
@@ -28,9 +29,7 @@ from optuna.trial import FrozenTrial
 import plotly.graph_objects as go
 
 from optuna_quant.measure.loss import Targets
-from optuna_quant.trial.records import REFERENCE_KEY
-from optuna_quant.trial.records import SENSITIVITY_KEY
-from optuna_quant.trial.records import TARGETS_KEY
+from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import recorded
 
@@ -45,14 +44,15 @@ _LAYOUT = dict(template="none", margin=dict(l=70, r=20, t=90, b=60), legend=dict
 
 
 def study_targets(study: optuna.Study) -> Targets:
-    """The targets that the study recorded when its first trial ran.
+    """The targets stored with the study when :func:`optuna_quant.create_study` made it.
 
     Raises:
-        ValueError: If the study recorded none (no trial ever ran).
+        ValueError: If the study holds none: optuna-quant did not make it.
     """
-    if TARGETS_KEY not in study.user_attrs:
-        raise ValueError(f"Study {study.study_name!r} has no recorded trial yet.")
-    return Targets(**study.user_attrs[TARGETS_KEY])
+    targets = records.stored_targets(study)
+    if targets is None:
+        raise ValueError(f"Study {study.study_name!r} holds no targets: optuna_quant.create_study did not make it.")
+    return targets
 
 
 def pareto_front(points: Sequence[FrozenTrial]) -> list[FrozenTrial]:
@@ -62,14 +62,14 @@ def pareto_front(points: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     Example:
         >>> trials = [optuna.trial.create_trial(value=0.0, user_attrs={"acc_loss": a, "lat_diff": l})
         ...           for a, l in [(0.01, 1.2), (0.02, 1.1), (0.03, 2.0), (0.0, 1.0)]]
-        >>> [(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"]) for t in pareto_front(trials)]
+        >>> [(records.acc_loss(t), records.lat_diff(t)) for t in pareto_front(trials)]
         [(0.0, 1.0), (0.01, 1.2), (0.03, 2.0)]
     """
     front: list[FrozenTrial] = []
     # By speed-up, fastest first (then lower loss): a trial is on the front when it loses less
     # accuracy than every faster one.
-    for trial in sorted(points, key=lambda t: (-t.user_attrs["lat_diff"], t.user_attrs["acc_loss"])):
-        if not front or trial.user_attrs["acc_loss"] < front[-1].user_attrs["acc_loss"]:
+    for trial in sorted(points, key=lambda t: (-records.lat_diff(t), records.acc_loss(t))):
+        if not front or records.acc_loss(trial) < records.acc_loss(front[-1]):
             front.append(trial)
     return front[::-1]
 
@@ -84,8 +84,8 @@ _HOVER = "trial %{customdata}<br>acc_loss %{y:.4f}<br>lat_diff %{x:.3f}x<extra><
 
 def _scatter(trials: Sequence[FrozenTrial], name: str, **marker: object) -> go.Scatter:
     return go.Scatter(
-        x=_round([t.user_attrs["lat_diff"] for t in trials]),
-        y=_round([t.user_attrs["acc_loss"] for t in trials]),
+        x=_round([records.lat_diff(t) for t in trials]),
+        y=_round([records.acc_loss(t) for t in trials]),
         customdata=[t.number for t in trials],
         hovertemplate=_HOVER,
         mode="markers",
@@ -107,11 +107,12 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
         yaxis=dict(title=dict(text=ACC_LOSS_LABEL)),
         **_LAYOUT,
     ))
-    lat = [t.user_attrs["lat_diff"] for t in points] + [targets.lat_th]
-    acc = [t.user_attrs["acc_loss"] for t in points] + [targets.acc_th]
+    lat = [records.lat_diff(t) for t in points] + [targets.lat_th]
+    acc = [records.acc_loss(t) for t in points] + [targets.acc_th]
     # A few ruined configurations would squeeze the target region into a line: the chart stops at
     # five times the accuracy target (the reference, if higher), and says what it leaves out.
-    top = max([5 * targets.acc_th] + [t.user_attrs["acc_loss"] for t in points if t.user_attrs.get(REFERENCE_KEY)])
+    reference = [t for t in points if records.is_reference(t)]
+    top = max([5 * targets.acc_th] + [records.acc_loss(t) for t in reference])
     hidden = sum(a > top for a in acc)
     acc = [a for a in acc if a <= top]
     x_pad, y_pad = 0.05 * (max(lat) - min(lat) or 1.0), 0.05 * (max(acc) - min(acc) or targets.acc_th or 0.01)
@@ -125,16 +126,15 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     )
     figure.update_xaxes(range=x_range)
     figure.update_yaxes(range=y_range)
-    met = [t for t in points if targets.met(t.user_attrs["acc_loss"], t.user_attrs["lat_diff"])]
+    met = [t for t in points if targets.met(records.acc_loss(t), records.lat_diff(t))]
     missed = [t for t in points if t not in met]
     figure.add_trace(_scatter(met, "both targets met", color=_MET, size=8))
     figure.add_trace(_scatter(missed, "a target missed", color=_MISSED, size=8))
     front = pareto_front(points)
     figure.add_trace(go.Scatter(
-        x=_round([t.user_attrs["lat_diff"] for t in front]), y=_round([t.user_attrs["acc_loss"] for t in front]),
+        x=_round([records.lat_diff(t) for t in front]), y=_round([records.acc_loss(t) for t in front]),
         mode="lines", line=dict(shape="vh", color="#1f77b4"), name="Pareto front", hoverinfo="skip",
     ))
-    reference = [t for t in points if t.user_attrs.get(REFERENCE_KEY)]
     if reference:
         figure.add_trace(_scatter(reference, "reference (every layer int8)", symbol="diamond-open", size=14,
                                   color="black"))
@@ -159,7 +159,7 @@ def pareto_front_figure(points: Sequence[FrozenTrial]) -> go.Figure:
         pairs = optuna.create_study(directions=["minimize", "maximize"])
         pairs.add_trials(
             optuna.trial.create_trial(
-                values=[t.user_attrs["acc_loss"], t.user_attrs["lat_diff"]],
+                values=[records.acc_loss(t), records.lat_diff(t)],
                 params=t.params,
                 distributions=t.distributions,
                 user_attrs=t.user_attrs,
@@ -192,18 +192,18 @@ def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure
         yaxis=dict(title=dict(text=LAT_DIFF_LABEL)),
         **_LAYOUT,
     ))
-    within = [t for t in points if targets.accuracy_met(t.user_attrs["acc_loss"])]
+    within = [t for t in points if targets.accuracy_met(records.acc_loss(t))]
     outside = [t for t in points if t not in within]
     for trials, name, color in ((within, "within the accuracy target", _MET),
                                 (outside, "accuracy target missed", _MISSED)):
         figure.add_trace(go.Scatter(
-            x=[t.number for t in trials], y=_round([t.user_attrs["lat_diff"] for t in trials]), mode="markers",
+            x=[t.number for t in trials], y=_round([records.lat_diff(t) for t in trials]), mode="markers",
             name=name, marker=dict(color=color, size=8), customdata=[t.number for t in trials],
             hovertemplate="trial %{x}<br>lat_diff %{y:.3f}x<extra></extra>",
         ))
     best = running_best(points, targets)
     figure.add_trace(go.Scatter(
-        x=[t.number for t in points], y=_round([b.user_attrs["lat_diff"] for b in best]), mode="lines",
+        x=[t.number for t in points], y=_round([records.lat_diff(b) for b in best]), mode="lines",
         line=dict(shape="hv", color=_BEST), name="best so far (POT's rule)",
     ))
     figure.add_hline(y=targets.lat_th, line=dict(color=_MET, dash="dash"),
@@ -260,23 +260,28 @@ def sensitivity_figure(sensitivity: Mapping[str, Mapping[str, float]]) -> go.Fig
     return figure
 
 
-def study_figures(study: optuna.Study) -> dict[str, go.Figure]:
-    """Every figure the study's records allow, by a stable id (an HTML id): the tradeoff, the
-    Pareto front, the history and, when the study holds one, the sensitivity.
-
-    Empty before the first measured trial.
-    """
-    attrs = study.user_attrs
-    points = recorded(study.get_trials(deepcopy=False))
-    if TARGETS_KEY not in attrs or not points:
-        return {}
-    targets = Targets(**attrs[TARGETS_KEY])
+def figures_of(
+    points: Sequence[FrozenTrial], targets: Targets, sensitivity: Mapping[str, Mapping[str, float]] | None = None
+) -> dict[str, go.Figure]:
+    """Every figure of the measured trials ``points`` by a stable id (an HTML id): the tradeoff,
+    the Pareto front, the history and, given a ``sensitivity``, the per-layer sensitivity."""
     figures = {
         "acc_loss-lat_diff": tradeoff_figure(points, targets),
         "pareto-front": pareto_front_figure(points),
         "lat_diff-history": history_figure(points, targets),
     }
-    sensitivity = attrs.get(SENSITIVITY_KEY)
     if sensitivity:
         figures["layer-sensitivity"] = sensitivity_figure(sensitivity)
     return figures
+
+
+def study_figures(study: optuna.Study) -> dict[str, go.Figure]:
+    """:func:`figures_of` the study's measured trials, targets and sensitivity, as it stores them.
+
+    Empty before the first measured trial.
+    """
+    targets = records.stored_targets(study)
+    points = recorded(study.get_trials(deepcopy=False))
+    if targets is None or not points:
+        return {}
+    return figures_of(points, targets, records.stored_sensitivity(study))

@@ -19,11 +19,12 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from optuna_quant.visualization.figures import study_figures
-from optuna_quant.visualization.figures import study_targets
-from optuna_quant.trial.records import FP32_ACCURACY_KEY
+from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
+from optuna_quant.trial.results import recorded
+from optuna_quant.visualization.figures import figures_of
+from optuna_quant.visualization.figures import study_targets
 
 _STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1000px; color: #222; }
@@ -37,7 +38,7 @@ def render_report(study: optuna.Study) -> str:
     """The report of ``study`` as one HTML page.
 
     Raises:
-        ValueError: If the study has no completed trial.
+        ValueError: If the study has no completed trial, or optuna-quant did not make it.
     """
     targets = study_targets(study)
     trials = study.get_trials(deepcopy=False)
@@ -48,19 +49,23 @@ def render_report(study: optuna.Study) -> str:
     name = html.escape(study.study_name)
     finished = [state for state in TrialState if state.is_finished()]
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in finished}
+    fp32_accuracy = records.stored_fp32_accuracy(study)
     overview = {
         "trials": ", ".join(f"{n} {state}" for state, n in counts.items() if n),
-        "fp32 accuracy": study.user_attrs.get(FP32_ACCURACY_KEY, "not recorded"),
+        "fp32 accuracy": "not recorded" if fp32_accuracy is None else fp32_accuracy,
         "accuracy target": f"acc_loss <= {targets.acc_th:.4f} (accuracy_loss {targets.accuracy_loss} %)",
         "latency target": f"lat_diff >= {targets.lat_th:.4f} (latency_reduce)",
         "best": result.summary(),
     }
-    measured = {key: best.user_attrs[key] for key in ("acc_loss", "lat_diff", "accuracy")
-                if key in best.user_attrs}
+    measured = {"acc_loss": result.acc_loss, "lat_diff": result.lat_diff}
+    accuracy = records.int8_accuracy(best)
+    if accuracy is not None:
+        measured["accuracy"] = accuracy
+    figures = figures_of(recorded(trials), targets, records.stored_sensitivity(study))
     # plotly.js is inlined with the first figure only: one copy serves them all.
-    figures = [
+    html_figures = [
         figure.to_html(full_html=False, include_plotlyjs=i == 0, div_id=figure_id)
-        for i, (figure_id, figure) in enumerate(study_figures(study).items())
+        for i, (figure_id, figure) in enumerate(figures.items())
     ]
     return "\n".join(
         [
@@ -69,7 +74,7 @@ def render_report(study: optuna.Study) -> str:
             f"<style>{_STYLE}</style></head><body>",
             f"<h1>optuna-quant study {name}</h1>",
             _table(overview),
-            *figures,
+            *html_figures,
             f"<h2>Best configuration (trial {result.number})</h2>",
             _table({**measured, "loss": result.loss}),
             _table(dict(sorted(result.params.items())), header=("parameter", "value")),

@@ -12,7 +12,6 @@ import yaml
 
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import load_config
-from optuna_quant.cli.config import unwritable
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.storages.urls import sqlite_file
 
@@ -183,16 +182,3 @@ def test_a_run_needs_a_budget_and_writable_outputs(tmp_path) -> None:
     # The default artifact store, beside the SQLite file.
     with pytest.raises(ConfigError, match=r"artifact_dir: cannot write .*taken/s-artifacts"):
         load_config(_write(tmp_path, {"max_trials": 3, "storage": "sqlite:///taken/s.db"})).check_run()
-
-
-def test_unwritable_says_why_without_creating_anything(tmp_path) -> None:
-    assert unwritable(tmp_path / "a" / "b" / "model.onnx") is None
-    assert unwritable(tmp_path / "a" / "store", folder=True) is None
-    assert list(tmp_path.iterdir()) == []
-    existing = tmp_path / "model.onnx"
-    existing.write_bytes(b"old")
-    assert unwritable(existing) is None and existing.read_bytes() == b"old"
-    assert unwritable(tmp_path) == f"{tmp_path} is a folder, not a file"
-    assert unwritable(existing, folder=True) == f"{existing} is a file, not a folder"
-    # A file system that refuses writes even to the superuser.
-    assert unwritable("/proc/self/model.onnx") is not None

@@ -14,8 +14,8 @@ import pytest
 import optuna_quant as oq
 from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.trial.objective import Measurement
-from optuna_quant.cli.probe import int8_support
-from optuna_quant.cli.probe import Int8Support
+from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import ProbeReport
 from optuna_quant.cli.probe import run_probe
@@ -39,6 +39,18 @@ def test_int8_support_reads_the_cpu_flags(tmp_path) -> None:
     assert int8_support(arm).instruction_sets == ("asimddp",) and int8_support(arm).dot_product
     assert int8_support(tmp_path / "missing").instruction_sets == ()
     assert "int8 instructions: none of amx_int8" in int8_support(tmp_path / "missing").describe()
+
+
+@pytest.mark.parametrize(
+    "flags, int8_class",
+    [("avx2 avx512bw avx512_vnni amx_int8", "x86-amx"), ("avx2 avx_vnni", "x86-vnni"), ("avx2 avx512bw", "x86-avx512"),
+     ("sse4_2 avx2", "x86-avx2"), ("sse4_2", "other"), ("asimd asimddp", "arm-dotprod"), ("asimddp i8mm", "arm-i8mm")],
+)
+def test_the_int8_class_is_named_by_the_fastest_int8_instructions(tmp_path, flags, int8_class) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"flags\t\t: fpu {flags}\n")
+    assert int8_support(cpuinfo).int8_class == int8_class
+    assert int8_support(cpuinfo).describe().endswith(f"(class {int8_class})")
 
 
 def test_suggested_targets_follow_the_reference() -> None:

@@ -15,6 +15,7 @@ import pytest
 from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
 from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial.records import SCALING_KEY
@@ -142,9 +143,16 @@ def test_export_best_and_missed_target(tmp_path, make_study, caplog) -> None:
     out = tmp_path / "out" / "best.int8.onnx"
     study.export_best(out)
     # conv1, conv2 and fc are all in it; int8 weights come from a DequantizeLinear, fp32 ones do not.
-    assert_int8_layers(onnx.load(str(out)), best.params)
+    exported = onnx.load(str(out))
+    assert_int8_layers(exported, best.params)
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert "misses the latency target" in caplog.text
+    # The model says what it measured, and on which CPU int8 class: its figures hold there only.
+    props = {prop.key: prop.value for prop in exported.metadata_props}
+    assert props["optuna_quant.study_trial"] == str(best.number)
+    assert float(props["optuna_quant.lat_diff"]) == best.lat_diff and float(props["optuna_quant.acc_loss"]) == best.acc_loss
+    assert props["optuna_quant.int8_class"] == int8_support().int8_class == study.user_attrs["int8_class"]
+    assert props["optuna_quant.onnxruntime"] == ort.__version__
 
 
 def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> None:
@@ -294,3 +302,21 @@ def test_a_noisy_timing_is_timed_again(cnn_path, calib, agreement, fast_bench, c
     assert len(noisy) == RETIMES and all("contended" in line for line in noisy)
     assert [line.rsplit("(", 1)[1] for line in noisy] == [f"{k} / {RETIMES})." for k in range(1, RETIMES + 1)]
     assert measured.latency.contended and measured.lat_diff > 0
+
+
+def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_study) -> None:
+    study = make_study(
+        accuracy_loss=50.0, latency_reduce=0.1, objective_mode="pareto", artifact_dir=tmp_path / "models",
+    )
+    best = study.optimize(n_trials=4)
+    assert [d.name for d in study.study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    assert study.study.metric_names == ["acc_loss", "lat_diff"]
+    for trial in study.trials:
+        assert trial.values == [trial.user_attrs["acc_loss"], trial.user_attrs["lat_diff"]]
+    assert best.lat_diff == max(t.user_attrs["lat_diff"] for t in study.trials)  # all within accuracy
+    # Optuna's front holds feasible trials only: with targets every trial meets, it cannot be empty.
+    # No trial dominates POT's best: the highest lat_diff, the lowest acc_loss among ties.
+    assert best.number in {t.number for t in study.study.best_trials}
+    assert (tmp_path / "models").is_dir()
+    with pytest.raises(ValueError, match="'loss' mode"):
+        make_study(trials_load_method="warm_start")

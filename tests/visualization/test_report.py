@@ -38,7 +38,7 @@ def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_m
 
 def test_report_of_a_study_without_trials(tmp_path) -> None:
     study = optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path}/empty.db")
-    with pytest.raises(ValueError, match="Study 'empty' has no recorded trial yet"):
+    with pytest.raises(ValueError, match="Study 'empty' holds no targets: optuna_quant.create_study did not make it"):
         render_report(study)
 
 

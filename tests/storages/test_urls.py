@@ -1,0 +1,46 @@
+"""Storage URLs: a password masked in every form, and the SQLite file behind a URL or a storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+import optuna_quant as oq
+from optuna_quant.storages.lock import study_lock
+from optuna_quant.storages.rdb import open_storage
+from optuna_quant.storages.rdb import StorageError
+from optuna_quant.storages.urls import masked_url
+from optuna_quant.storages.urls import sqlite_file
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://quant:s3cret@db.example.com/studies",
+        "quant:s3cret@db.example.com/studies",  # no scheme
+        "postgresql://quant@db.example.com/studies?password=s3cret&sslmode=off",
+        "postgresql://quant:s3c@ret@db.example.com/studies",  # an unescaped "@" in the password
+        "mysql+pymysql://quant:s3c/r:et@db.example.com:3306/studies",
+    ],
+)
+def test_password_is_masked_in_every_form(tmp_path, monkeypatch, calib, agreement, url) -> None:
+    masked = masked_url(url)
+    assert "s3c" not in masked and "***" in masked and "db.example.com" in masked
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StorageError) as err:  # a real attempt to open it: the error names it masked
+        oq.create_study(tmp_path / "missing.onnx", calib, agreement, storage=url.replace("db.example.com", "127.0.0.1"))
+    assert "s3c" not in str(err.value)
+
+
+def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:
+    assert sqlite_file(f"sqlite:///{tmp_path}/s.db") == tmp_path / "s.db"
+    assert sqlite_file("sqlite+pysqlite:///rel/s.db?timeout=5") == Path("rel/s.db")
+    assert sqlite_file(f"sqlite:///{tmp_path}/a%20b.db") == tmp_path / "a b.db"  # as SQLAlchemy opens it
+    for url in ("sqlite://", "sqlite:///:memory:", "postgresql://u:p@db/optuna", "no-scheme-here"):
+        assert sqlite_file(url) is None
+    assert sqlite_file(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s.db"
+    assert sqlite_file(optuna.storages.InMemoryStorage()) is None
+    with study_lock(open_storage(f"sqlite:///{tmp_path}/s.db"), "s")():
+        assert (tmp_path / "s.db.lock").is_file()
