@@ -36,9 +36,10 @@
 - The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
   that has not started, which no public accessor returns. The samplers exclude them from what
   other trials may choose (:func:`fixed_params`).
-- The logger of ``Study``'s per-trial line (``optuna.study.study``) and that line's form, which
-  lists every parameter: on a model of 48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines`
-  sums the layers up in it (:data:`TRIAL_LINE_LOGGER`).
+- The loggers of Optuna's lines of a finished trial (``optuna.study.study``) and of a failed one
+  (``optuna.study._optimize``) and those lines' form, which lists every parameter: on a model of
+  48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines` sums the layers up in them
+  (:data:`TRIAL_LINE_LOGGERS`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ from optuna.trial import TrialState
 
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"
-TRIAL_LINE_LOGGER = "optuna.study.study"
-"""The logger of ``Study._log_completed_trial``: "Trial N finished with value: ... and parameters: {...}"."""
+TRIAL_LINE_LOGGERS = ("optuna.study.study", "optuna.study._optimize")
+"""The loggers of "Trial N finished with value: ... and parameters: {...}" (``Study._log_completed_trial``)
+and of "Trial N failed with parameters: {...} because of ..." (``_optimize._log_failed_trial``)."""
 
 
 def record_first_heartbeat(storage: BaseStorage, trial: optuna.Trial) -> None:

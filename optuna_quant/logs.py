@@ -11,8 +11,8 @@ onnxruntime's quantizer warns once per node ("Expected bias ... to be an initial
 like): :func:`quiet_onnxruntime` counts those records and logs one line instead, unless the
 package logger is at ``DEBUG`` (``optuna-quant --verbose``).
 
-Optuna's own line per trial lists every parameter, one per layer: :func:`compact_trial_lines`
-sums the layers up in it (``'layer': '48 layers: 45 int8, 3 fp32 (...)'``), so that it stays
+Optuna's own lines per trial (finished, failed) list every parameter, one per layer:
+:func:`compact_trial_lines` sums the layers up in them (``'layer': '48 layers: 45 int8, 3 fp32 (...)'``), so that it stays
 readable on a model of many layers.
 
 Example:
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 import logging
@@ -226,7 +226,8 @@ def quiet_onnxruntime(hint: str | None = None) -> Iterator[QuantizationWarnings]
 
 _NAMED = 6
 """Layers named at most per value in a summed-up trial line."""
-_TRIAL_LINE = re.compile(r"(?P<head>Trial \d+ finished with values?: .+? and parameters: )(?P<params>\{.*\})(?P<tail>\..*)", re.S)
+_TRIAL_LINE = re.compile(r"Trial \d+ (finished with values?: .+? and|failed with) parameters: (?=\{)", re.S)
+"""The start of Optuna's lines of a finished and of a failed trial, up to their parameters."""
 
 
 def sum_up_layers(params: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -250,30 +251,45 @@ def sum_up_layers(params: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {**rest, prefix.rstrip(":"): f"{len(layers)} layers: {', '.join(parts)}"}
 
 
+def _parsed_params(text: str) -> tuple[dict[str, Any], int] | None:
+    """The parameters' dict that ``text`` starts with, as Optuna writes it (its repr), and where
+    it ends; ``None`` when no prefix of ``text`` is one (a value without a literal repr: nan)."""
+    end = text.find("}")
+    while end != -1:
+        try:
+            params = ast.literal_eval(text[: end + 1])
+        except (ValueError, SyntaxError):
+            end = text.find("}", end + 1)
+            continue
+        return (params, end + 1) if isinstance(params, dict) else None
+    return None
+
+
 class _TrialLineFilter(logging.Filter):
-    """On Optuna's study logger: sums up the layers among the parameters of its per-trial line."""
+    """On Optuna's loggers: sums up the layers among the parameters of its lines per trial."""
 
     def __init__(self, prefix: str) -> None:
         super().__init__()
         self.prefix = prefix
 
     def filter(self, record: logging.LogRecord) -> bool:
-        line = _TRIAL_LINE.fullmatch(record.getMessage())
-        if line is not None:
-            try:
-                params = ast.literal_eval(line["params"])  # Optuna writes the dict's repr
-            except (ValueError, SyntaxError):  # a value without a literal repr (nan): left as it is
-                return True
-            record.msg, record.args = line["head"] + repr(sum_up_layers(params, self.prefix)) + line["tail"], ()
+        message = record.getMessage()
+        head = _TRIAL_LINE.match(message)
+        parsed = None if head is None else _parsed_params(message[head.end() :])
+        if parsed is not None:
+            params, end = parsed
+            summed = repr(sum_up_layers(params, self.prefix))
+            record.msg, record.args = message[: head.end()] + summed + message[head.end() + end :], ()
         return True
 
 
-def compact_trial_lines(logger: logging.Logger, prefix: str) -> None:
-    """Have ``logger`` (Optuna's study logger) sum up the parameters named ``prefix<layer>`` in
-    its per-trial line (:func:`sum_up_layers`). Idempotent."""
+def compact_trial_lines(loggers: Iterable[logging.Logger], prefix: str) -> None:
+    """Have ``loggers`` (Optuna's) sum up the parameters named ``prefix<layer>`` in their lines of a
+    finished or failed trial (:func:`sum_up_layers`). Idempotent."""
     with _lock:
-        if not any(isinstance(f, _TrialLineFilter) for f in logger.filters):
-            logger.addFilter(_TrialLineFilter(prefix))
+        for logger in loggers:
+            if not any(isinstance(f, _TrialLineFilter) for f in logger.filters):
+                logger.addFilter(_TrialLineFilter(prefix))
 
 
 @contextmanager

@@ -28,7 +28,7 @@ import onnx
 import optuna
 
 from optuna_quant import logs
-from optuna_quant._optuna_private import TRIAL_LINE_LOGGER
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant.trial import records
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
@@ -360,7 +360,7 @@ def create_study(
     # settings; the storage, read only; the model and data (preparation, calibration: the
     # objective); the folders written to; only then the study is deleted, created or joined.
     logs.configure()  # POT users read the log lines: shown, each once, unless set otherwise
-    logs.compact_trial_lines(logging.getLogger(TRIAL_LINE_LOGGER), LAYER_PREFIX)  # Optuna's, where shown
+    logs.compact_trial_lines(map(logging.getLogger, TRIAL_LINE_LOGGERS), LAYER_PREFIX)  # Optuna's, where shown
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)

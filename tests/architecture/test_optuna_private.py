@@ -139,18 +139,26 @@ def test_an_orphan_heartbeat_thread_is_found_and_stopped(tmp_path: Path) -> None
     assert private.stop_orphan_heartbeats() == 0, "the stop event among the heartbeat thread's _args"
 
 
-def test_the_per_trial_line_comes_from_the_study_logger_and_is_summed_up(caplog) -> None:
+def test_the_lines_per_trial_come_from_their_loggers_and_are_summed_up(caplog) -> None:
     from optuna_quant import logs
 
-    logger = logging.getLogger(private.TRIAL_LINE_LOGGER)
-    logs.compact_trial_lines(logger, "layer:")
-    study = optuna.create_study()
+    logs.compact_trial_lines(map(logging.getLogger, private.TRIAL_LINE_LOGGERS), "layer:")
     params = {f"layer:node_MatMul_{i}": "fp32" if i in (3, 7) else "int8" for i in range(48)}
+
+    def objective(trial: optuna.Trial) -> float:
+        fp32 = sum(trial.suggest_categorical(name, [value]) == "fp32" for name, value in params.items())
+        if trial.number == 1:
+            raise ValueError("supplied range of {-inf, inf} is not finite")  # braces in the reason too
+        return fp32
+
+    study = optuna.create_study()
     with caplog.at_level(logging.INFO, logger="optuna"):
-        study.optimize(lambda t: sum(t.suggest_categorical(n, [v]) == "fp32" for n, v in params.items()), n_trials=1)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == private.TRIAL_LINE_LOGGER and "finished" in r.getMessage()]
-    # Study._log_completed_trial's form: another one would come through unchanged, 48 parameters long.
-    assert line == (
-        "Trial 0 finished with value: 2.0 and parameters: "
-        "{'layer': '48 layers: 46 int8, 2 fp32 (node_MatMul_3, node_MatMul_7)'}. Best is trial 0 with value: 2.0."
-    )
+        study.optimize(objective, n_trials=2, catch=(ValueError,))
+    lines = [r.getMessage() for r in caplog.records if r.name in private.TRIAL_LINE_LOGGERS]
+    summed = "{'layer': '48 layers: 46 int8, 2 fp32 (node_MatMul_3, node_MatMul_7)'}"
+    # Optuna's forms: another one would come through unchanged, 48 parameters long.
+    assert f"Trial 0 finished with value: 2.0 and parameters: {summed}. Best is trial 0 with value: 2.0." in lines
+    assert (
+        f"Trial 1 failed with parameters: {summed} because of the following error: "
+        "ValueError('supplied range of {-inf, inf} is not finite')."
+    ) in lines
