@@ -1,6 +1,6 @@
 """The Optuna search space of a model: which nodes fall back to fp32, and how to quantize.
 
-Five tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
+Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
 
 - ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback);
 - ``range_estimator``: the activation calibration method;
