@@ -3,7 +3,9 @@
 A probe measures the fp32 accuracy and latency and the reference configuration (every layer
 int8, the first choice of every scope: the configuration a study's first trial measures), reads
 what this CPU and onnxruntime offer for int8, and suggests a pair of targets with its reason. When
-int8 is not faster than fp32 here it says so, with the usual causes found in the model. It takes
+int8 is not faster than fp32 here it says so, with the usual causes found in the model (for a
+transformer: what stays fp32 between its int8 MatMuls, attention and its mask path, the
+approach's conversions, fusion, each with its measured share of the int8 model's time). It takes
 seconds to a minute and touches no storage: no study is created or read.
 
 Example:
@@ -27,10 +29,11 @@ import onnx
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from optuna_quant.measure.cpu import Int8Support
-from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.profile import profile_op_types
 from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.trial.objective import Measurement
@@ -40,7 +43,16 @@ NARROW_CHANNELS = 64
 """Layers narrower than this rarely run faster in int8 than in fp32."""
 # Ops that move or reshape data: no arithmetic, so no int8 kernel is needed.
 _DATA_OPS = frozenset({"Constant", "Shape", "Identity", "Cast", "Slice", "Expand", "Tile", "Gather",
-                       "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Concat"})
+                       "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Concat",
+                       "Range", "GatherND", "ScatterND"})
+# Fused attention, as onnxruntime's transformer optimizer writes it.
+_ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "QAttention"})
+# What onnxruntime runs in int8, and its conversions between fp32 and int8, in the graph it runs.
+_INT8_KERNELS = frozenset({"QLinearMatMul", "QLinearConv", "QGemm", "MatMulInteger", "MatMulIntegerToFloat",
+                           "DynamicQuantizeMatMul", "ConvInteger", "QAttention", "DynamicQuantizeLSTM"})
+_CONVERSIONS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+NOT_THE_CAUSE = "(not the cause here)"
+"""The start of a cause of :func:`slow_int8_causes` that this model and CPU do not have."""
 SensitivityMap = Mapping[str, Mapping[str, float]]
 """Per-layer sensitivity: ``{node: {"acc_cost": float, "time_saved_ms": float}}``."""
 
@@ -57,7 +69,10 @@ class ProbeReport:
         suggested_accuracy_loss: Suggested ``accuracy_loss``, percent.
         suggested_latency_reduce: Suggested ``latency_reduce``.
         reasons: Why, one sentence per target.
-        slow_int8_causes: When int8 is not faster here: the usual causes, those found first.
+        slow_int8_causes: What makes int8 no faster than fp32, those found in this model and on
+            this CPU first (the others start with :data:`NOT_THE_CAUSE`); shown as the usual
+            causes when int8 is not faster here, as what limits its speed-up (those found) when
+            it is.
         sensitivity: Per-layer sensitivity, when known.
         seconds: How long the probe took.
     """
@@ -83,6 +98,11 @@ class ProbeReport:
         return self.reference.lat_diff
 
     @property
+    def found_causes(self) -> tuple[str, ...]:
+        """The causes of :attr:`slow_int8_causes` found in this model and on this CPU."""
+        return tuple(cause for cause in self.slow_int8_causes if not cause.startswith(NOT_THE_CAUSE))
+
+    @property
     def int8_faster(self) -> bool:
         """Whether the reference int8 model runs faster than fp32 here."""
         return self.lat_diff > 1.0
@@ -101,6 +121,9 @@ class ProbeReport:
         if not self.int8_faster:
             lines.append(f"  int8 is not faster than fp32 here (lat_diff {self.lat_diff:.2f}x). Usual causes:")
             lines += [f"    - {cause}" for cause in self.slow_int8_causes]
+        elif self.found_causes:
+            lines.append("  what limits the speed-up of int8 here:")
+            lines += [f"    - {cause}" for cause in self.found_causes]
         if self.sensitivity:
             lines.append("  most sensitive layers (accuracy cost of int8, time it saves):")
             lines += [
@@ -158,8 +181,23 @@ def suggest_targets(acc_loss: float, lat_diff: float, spread: float) -> tuple[fl
     return 1.0, latency_reduce, (accuracy, latency)
 
 
-def slow_int8_causes(model: onnx.ModelProto, support: Int8Support) -> tuple[str, ...]:
-    """What usually makes int8 no faster than fp32, the causes found in ``model`` and ``support`` first."""
+def slow_int8_causes(
+    model: onnx.ModelProto,
+    support: Int8Support,
+    int8_model: onnx.ModelProto | None = None,
+    op_ms: Mapping[str, float] | None = None,
+) -> tuple[str, ...]:
+    """What usually makes int8 no faster than fp32, the causes found in ``model`` and ``support`` first.
+
+    Args:
+        model: The fp32 model that is quantized (the prepared one).
+        support: What the CPU offers for int8.
+        int8_model: The reference int8 model; on a transformer it tells the approach and the
+            MatMuls left in fp32.
+        op_ms: The reference int8 model's node time per operator type of the graph onnxruntime
+            runs (:func:`~optuna_quant.measure.profile.profile_op_types`), to put a measured
+            share beside the transformer causes.
+    """
     found, other = [], []
     if support.dot_product:
         other.append("no int8 dot-product instructions (VNNI, AMX): this CPU has them")
@@ -172,19 +210,111 @@ def slow_int8_causes(model: onnx.ModelProto, support: Int8Support) -> tuple[str,
         f"unfolded BatchNormalization ({batch_norms} in this model): fold them first "
         "(onnxruntime.quantization.shape_inference.quant_pre_process)"
     )
-    no_kernel = {op: n for op, n in counts.items() if op not in QLinearOpsRegistry and op not in _DATA_OPS}
-    if no_kernel:
-        listed = ", ".join(f"{op} ({n})" for op, n in sorted(no_kernel.items(), key=lambda kv: -kv[1]))
-        found.append(f"Q/DQ pairs around ops without int8 kernels, which run in fp32 between int8 layers: {listed}")
+    if is_transformer(model):
+        _transformer_causes(model, int8_model or model, op_ms or {}, found, other)
     else:
-        other.append("Q/DQ pairs around ops without int8 kernels: none in this model")
+        no_kernel = {op: n for op, n in counts.items() if op not in QLinearOpsRegistry and op not in _DATA_OPS}
+        if no_kernel:
+            found.append(f"Q/DQ pairs around ops without int8 kernels, which run in fp32 between int8 layers: {_counted(no_kernel)}")
+        else:
+            other.append("Q/DQ pairs around ops without int8 kernels: none in this model")
     widest = _widest_layer(model)
     if widest is not None and widest < NARROW_CHANNELS:
         found.append(f"narrow layers: the widest has {widest} output channels; int8 pays from about "
                      f"{NARROW_CHANNELS} channels")
     else:
         other.append(f"layers too narrow (under {NARROW_CHANNELS} channels): the widest has {widest}")
-    return tuple(found + [f"(not the cause here) {cause}" for cause in other])
+    return tuple(found + [f"{NOT_THE_CAUSE} {cause}" for cause in other])
+
+
+def _counted(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{op} ({n})" for op, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def activation_matmuls(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The MatMuls of two activations (attention's ``Q K^T`` and ``probabilities V``), which no
+    approach quantizes here."""
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    return tuple(
+        node.name for node in model.graph.node
+        if node.op_type == "MatMul" and not constants & set(node.input[:2])
+    )
+
+
+def is_transformer(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has attention: a fused attention operator, or a Softmax beside MatMuls of
+    two activations."""
+    ops = {node.op_type for node in model.graph.node}
+    return bool(ops & _ATTENTION_OPS) or ("Softmax" in ops and bool(activation_matmuls(model)))
+
+
+def mask_path(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The nodes that carry an input named ``*mask*`` to the attention scores, up to and with
+    each Softmax that takes it (where the mask is added as ``finfo.min``), in graph order."""
+    reached = {value.name for value in model.graph.input if "mask" in value.name.lower()}
+    path = []
+    for node in model.graph.node:  # graph order is topological
+        if reached & set(node.input):
+            path.append(node.name)
+            if node.op_type != "Softmax":
+                reached.update(node.output)
+    return tuple(path)
+
+
+def _measured(op_ms: Mapping[str, float], op_types: Iterable[str]) -> str:
+    """``"; measured: x ms of y ms per run (z %)"`` for the time of ``op_types``, or ``""``."""
+    total = sum(op_ms.values())
+    if not total:
+        return ""
+    ms = sum(op_ms.get(op, 0.0) for op in set(op_types))
+    return f"; measured: {ms:.3f} ms of the int8 model's {total:.3f} ms per run ({ms / total:.0%})"
+
+
+def _transformer_causes(
+    model: onnx.ModelProto, int8_model: onnx.ModelProto, op_ms: Mapping[str, float], found: list[str], other: list[str]
+) -> None:
+    """The causes that a transformer adds: what stays fp32 between the int8 MatMuls, attention and
+    its mask path, the cost of the approach's conversions, and fusion."""
+    int8_ops = Counter(node.op_type for node in int8_model.graph.node)
+    not_fp32 = _DATA_OPS | _INT8_KERNELS | _CONVERSIONS | {*QUANTIZABLE_OP_TYPES, "FusedMatMul"}
+    fp32_ops = Counter(node.op_type for node in model.graph.node if node.op_type not in not_fp32)
+    measured_fp32 = [op for op in op_ms if op not in not_fp32]
+    found.append(
+        "operators that run in fp32 between the int8 MatMuls, each with a conversion at its int8 "
+        f"neighbours: {_counted(fp32_ops)}{_measured(op_ms, measured_fp32)}"
+    )
+    attention = activation_matmuls(model)
+    masked = mask_path(model)
+    found.append(
+        f"attention stays fp32: {len(attention)} MatMuls of two activations (Q K^T, probabilities V)"
+        + (f", and the attention-mask path ({len(masked)} nodes from the mask input to each Softmax: "
+           f"{_counted(Counter(n.op_type for n in model.graph.node if n.name in set(masked)))}), "
+           "whose fill values (finfo.min) no int8 range holds" if masked else "")
+        + _measured(op_ms, ("MatMul", "FusedMatMul"))
+    )
+    if int8_ops.get("DynamicQuantizeLinear"):
+        found.append(
+            f"the dynamic approach: {int8_ops['DynamicQuantizeLinear']} DynamicQuantizeLinear quantize "
+            "the int8 MatMuls' inputs at run time, a pass over each activation per run (onnxruntime "
+            "fuses those it can into DynamicQuantizeMatMul)"
+            + _measured(op_ms, ("DynamicQuantizeLinear",))
+        )
+    elif int8_ops.get("QuantizeLinear") or int8_ops.get("DequantizeLinear"):
+        found.append(
+            f"the static approach: {int8_ops['QuantizeLinear']} QuantizeLinear and {int8_ops['DequantizeLinear']} "
+            "DequantizeLinear convert between fp32 and int8 where onnxruntime cannot fuse them into its int8 kernels"
+            + _measured(op_ms, ("QuantizeLinear", "DequantizeLinear"))
+        )
+    fused = ({node.op_type for node in model.graph.node} | set(op_ms)) & _ATTENTION_OPS
+    if fused:
+        other.append(f"unfused attention: this model runs {', '.join(sorted(fused))}")
+    else:
+        found.append(
+            "attention not fused: each attention runs as separate Reshape, Transpose, MatMul and Softmax "
+            "nodes; onnxruntime's transformer optimizer (onnxruntime.transformers.optimizer.optimize_model, "
+            "model type bert) fuses them into Attention, which has an int8 kernel (QAttention)"
+        )
 
 
 def _widest_layer(model: onnx.ModelProto) -> int | None:
@@ -216,7 +346,8 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
     with quiet_onnxruntime():
         fp32_accuracy = objective.baseline()
         reference = objective.measure(objective.space.default_params())
-    support = int8_support()
+        support = objective.measurer.cpu
+        causes = _causes(objective, support)
     accuracy_loss, latency_reduce, reasons = suggest_targets(
         reference.acc_loss, reference.lat_diff, reference.latency.spread
     )
@@ -227,10 +358,25 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
         suggested_accuracy_loss=accuracy_loss,
         suggested_latency_reduce=latency_reduce,
         reasons=reasons,
-        slow_int8_causes=() if reference.lat_diff > 1.0 else slow_int8_causes(objective.measurer.model, support),
+        slow_int8_causes=causes,
         sensitivity=sensitivity,
         seconds=time.perf_counter() - start,
     )
+
+
+PROFILE_RUNS = 20
+"""Profiled runs of the reference int8 model of a transformer, for the measured causes."""
+
+
+def _causes(objective: QuantizationObjective, support: Int8Support) -> tuple[str, ...]:
+    """:func:`slow_int8_causes` of the objective's model; on a transformer with the reference int8
+    model and its time per operator type, profiled on the latency feed."""
+    measurer = objective.measurer
+    if not is_transformer(measurer.prepared.prepared):
+        return slow_int8_causes(measurer.model, support)
+    int8_model = objective.build(objective.space.default_params())
+    op_ms = profile_op_types(int8_model, measurer.latency_feed, measurer.benchmark, PROFILE_RUNS)
+    return slow_int8_causes(measurer.model, support, int8_model, op_ms)
 
 
 def probe(
