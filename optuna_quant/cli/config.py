@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 import yaml
 
 from optuna_quant.cli.loaders import load_calibration_data
+from optuna_quant.cli.loaders import load_latency_data
 from optuna_quant.cli.loaders import load_entry_point
 from optuna_quant.cli.loaders import load_eval_data
 from optuna_quant.cli.loaders import load_model
@@ -129,6 +130,8 @@ class RunConfig:
         }
         if "eval_subset_size" in self.values:
             kwargs["eval_subset_size"] = self.values["eval_subset_size"]
+        if "latency_data" in self.values:
+            kwargs["latency_data"] = load_latency_data(self.values["latency_data"], self.path)
         if "eval_fn" in self.values:
             kwargs["eval_fn"] = load_entry_point("eval_fn", self.values["eval_fn"], self.path)
         else:
@@ -204,7 +207,7 @@ def parse_config(text: str, path: str | Path) -> RunConfig:
 def _normalised(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     folder = path.resolve().parent
     values = dict(data)
-    for key in ("model", "calibration_data", "eval_data", "export", "artifact_dir"):
+    for key in ("model", "calibration_data", "eval_data", "latency_data", "export", "artifact_dir"):
         value = values.get(key)
         if isinstance(value, list):
             values[key] = [_resolve_path(v, folder) for v in value]

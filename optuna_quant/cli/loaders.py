@@ -37,6 +37,13 @@ def load_calibration_data(value: str, config: Path) -> Any:
     return [{name: a[i : i + 1] for name, a in arrays.items()} for i in range(n)]
 
 
+def load_latency_data(value: str, config: Path) -> Any:
+    """The ``latency_data``: one input to time on, a ``.npy`` file (a single-input model) or a
+    ``.npz`` file (one array per input, by name) as it is, or what the entry point ``value``
+    returns."""
+    return _call("latency_data", value, config) if ENTRY_POINT.match(value) else _arrays("latency_data", value, config)
+
+
 def load_eval_data(value: str | list[str], config: Path) -> tuple[Any, Any]:
     """The ``eval_data`` ``(inputs, labels)``: two ``.npy`` files, one ``.npz`` file holding
     ``inputs`` and ``labels``, or what the entry point ``value`` returns."""

@@ -116,6 +116,7 @@ class ProbeReport:
             f"  reference int8:    acc_loss {self.acc_loss:.4f} ({self.acc_loss * 100:.2f} % of fp32 accuracy), "
             f"lat_diff {self.lat_diff:.2f}x ± {latency.spread * 100:.1f} % ({latency.int8_ms:.3f} ms per run)",
             "                     (every layer int8, the first choice of every scope: a study's first trial)",
+            f"  timed on:          {latency.feed}",
             f"  int8 on this CPU:  {self.support.describe()}",
         ]
         if not self.int8_faster:
@@ -389,6 +390,7 @@ def probe(
     metrics: float | None = None,
     eval_subset_size: int | None = None,
     sensitivity: SensitivityMap | None = None,
+    latency_data: Any = None,
 ) -> ProbeReport:
     """Probe ``model`` with the arguments of :func:`optuna_quant.create_study` that measuring needs.
 
@@ -405,5 +407,6 @@ def probe(
         benchmark=benchmark,
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,
+        latency_data=latency_data,
     )
     return run_probe(objective, sensitivity)

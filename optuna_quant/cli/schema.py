@@ -82,6 +82,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model": (_string, "a file path or an entry point module:function"),
     "calibration_data": (_string, "a .npy/.npz file or an entry point module:function"),
     "eval_data": (_eval_data, "a .npz file, two .npy files or an entry point module:function"),
+    "latency_data": (_string, "a .npy/.npz file or an entry point module:function"),
     "eval_fn": (lambda v: _string(v) and bool(ENTRY_POINT.match(v)), "an entry point module:function"),
     "sampler": (_string, "a sampler name (tpe, gp, random)"),
     "seed": (_integer, "an integer"),

@@ -297,6 +297,7 @@ def create_study(
     grace_period: int = GRACE_PERIOD,
     pre_process: bool = True,
     sensitivity: bool = True,
+    latency_data: Any = None,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -345,6 +346,10 @@ def create_study(
             costs and store it with the study (the dashboard's sensitivity chart); it becomes the
             prior of optuna-quant's samplers and queues a few start-up trials (see
             :mod:`optuna_quant.trial.guidance`).
+        latency_data: The input to time every model on, as you will run it: a
+            ``{input_name: array}`` dict (an array for a single input) at the batch and sequence
+            length of production. Default: ``benchmark.batch_size`` samples of the calibration
+            data. Checked against the model's inputs and run once, before any trial.
 
     Returns:
         The :class:`QuantStudy`.
@@ -396,6 +401,7 @@ def create_study(
         lock=lock,
         pre_process=pre_process,
         guided=sensitivity,
+        latency_data=latency_data,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

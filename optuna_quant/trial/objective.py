@@ -87,8 +87,8 @@ class QuantizationObjective:
     """The Optuna objective that tunes int8 quantization of one model.
 
     ``model``, ``calibration_data``, ``eval_fn``, ``benchmark``, ``fp32_accuracy``,
-    ``eval_subset_size`` and ``pre_process`` go to the :class:`~optuna_quant.measure.measurer.Measurer`,
-    which documents them.
+    ``eval_subset_size``, ``pre_process`` and ``latency_data`` go to the
+    :class:`~optuna_quant.measure.measurer.Measurer`, which documents them.
 
     Args:
         targets: The accuracy and latency targets and loss weights.
@@ -129,6 +129,7 @@ class QuantizationObjective:
         lock: StudyLock | None = None,
         pre_process: bool = True,
         guided: bool = False,
+        latency_data: Any = None,
     ) -> None:
         self.settings = TrialSettings(stop_on_target=stop_on_target, objective_mode=objective_mode, guided=guided)
         self.measurer = Measurer(
@@ -139,6 +140,7 @@ class QuantizationObjective:
             fp32_accuracy=fp32_accuracy,
             eval_subset_size=eval_subset_size,
             pre_process=pre_process,
+            latency_data=latency_data,
         )
         self.space = space or SearchSpace.from_model(self.measurer.prepared.prepared, scopes=scopes, nodes=nodes)
         self.targets = targets or Targets()

@@ -182,3 +182,15 @@ def test_a_run_needs_a_budget_and_writable_outputs(tmp_path) -> None:
     # The default artifact store, beside the SQLite file.
     with pytest.raises(ConfigError, match=r"artifact_dir: cannot write .*taken/s-artifacts"):
         load_config(_write(tmp_path, {"max_trials": 3, "storage": "sqlite:///taken/s.db"})).check_run()
+
+
+def test_latency_data_is_one_feed_from_a_file_as_it_is(tmp_path, cnn_path, calib) -> None:
+    np.save(tmp_path / "calib.npy", np.concatenate(calib))
+    np.savez(tmp_path / "eval.npz", inputs=np.concatenate(calib), labels=np.arange(len(calib)))
+    np.savez(tmp_path / "batch8.npz", input=np.zeros((8, 3, 12, 12), np.float32))
+    base = {"model": str(cnn_path), "calibration_data": "calib.npy", "eval_data": "eval.npz"}
+    kwargs = load_config(_write(tmp_path, {**base, "latency_data": "batch8.npz"})).measure_kwargs()
+    assert set(kwargs["latency_data"]) == {"input"} and kwargs["latency_data"]["input"].shape == (8, 3, 12, 12)
+    assert "latency_data" not in load_config(_write(tmp_path, base)).measure_kwargs()
+    with pytest.raises(ConfigError, match=r"latency_data: file .*batch9\.npz does not exist"):
+        load_config(_write(tmp_path, {**base, "latency_data": "batch9.npz"})).measure_kwargs()

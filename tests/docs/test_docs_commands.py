@@ -588,6 +588,9 @@ def test_log_lines_shown_have_the_form_the_package_logs(file, text) -> None:
 README_PYTHON = next((item.text for item in shown("README.md") if item.kind == "python"), "")
 MODELS_PYTHON = next((item.text for item in shown("docs/models.md") if item.kind == "python"), "")
 QAT_PYTHON = next((item.text for item in shown("docs/qat.md") if item.kind == "python"), "")
+MODELS_LATENCY_PYTHON = next(
+    (item.text for item in shown("docs/models.md") if item.kind == "python" and "latency_data=" in item.text), ""
+)
 
 
 @pytest.mark.slow
@@ -630,6 +633,17 @@ def test_models_md_prepares_the_shipped_classifier_and_prints_the_steps_it_shows
     expected = ast.literal_eval(" ".join(line.removeprefix("#").strip() for line in comment.splitlines()))
     assert capsys.readouterr().out == f"{expected}\n"
     assert set(scope["space"].nodes) <= {node.name for node in scope["prepared"].prepared.graph.node}
+
+
+def test_models_md_times_the_tiny_bert_on_the_latency_data_it_shows(capsys) -> None:
+    block = _the("docs/models.md", MODELS_LATENCY_PYTHON).text
+    scope: dict = {}
+    exec(block, scope)
+    # print(report.reference.latency.feed)
+    # input_ids 8x48, ...   the comment under the print is its output
+    expected = block.split("print(report.reference.latency.feed)\n", 1)[1].removeprefix("# ").strip()
+    assert capsys.readouterr().out == f"{expected}\n"
+    assert f"timed on:          {expected}" in scope["report"].report()
 
 
 @pytest.mark.slow
@@ -770,6 +784,7 @@ CLAIMS: dict[str, str] = {
     README_PYTHON: "test_readme_python_block_runs_on_a_model_file_named_as_it_names_it",
     MODELS_PYTHON: "test_models_md_prepares_the_shipped_classifier_and_prints_the_steps_it_shows",
     QAT_PYTHON: "test_qat_md_recipe_block_quantizes_calibrates_groups_and_exports",
+    MODELS_LATENCY_PYTHON: "test_models_md_times_the_tiny_bert_on_the_latency_data_it_shows",
     MAKE_BENCH: "test_make_bench_runs_the_two_commands_benchmarks_md_shows_beside_it",
     SHIPPED_PINS: "test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions",
     QAT_RECIPE: "test_benchmark_commands_parse_and_their_inputs_exist",
