@@ -7,13 +7,17 @@ sentence embeddings with fp32's on 16 others (:class:`examples.bert.EmbeddingAgr
 1. ``--recipes``: the static reference (Q/DQ, MinMax, per channel) and the dynamic one
    (``quantize_dynamic``'s recipe, per channel), measured by one ``Measurer`` in one process, in
    turn, ``--repeats`` times each;
-2. the study: ``create_study(model, calibration_data, eval_fn, accuracy_loss=1.0,
+2. ``--groups``: the sensitivity at the dynamic reference (what a study measures after its
+   reference) with one unit per layer, per role and per block (``layer_groups``), in turn: its
+   seconds, the units and the first of the revert order;
+3. the study: ``create_study(model, calibration_data, eval_fn, accuracy_loss=1.0,
    latency_reduce=0.99)`` with the package's defaults, ``--trials`` trials; how many failed and
    why, the reference and the best.
 
 Run::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 30 --recipes --json benchmarks/results/minilm.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 0 --groups --json benchmarks/results/minilm_groups.json
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ from examples.bert import SENTENCES
 from examples.bert import sentence_feeds
 import optuna_quant as oq
 from optuna_quant.measure.measurer import Measurer
+from optuna_quant.measure.sensitivity import measure_sensitivity
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.trial.scoring import revert_order
+from optuna_quant.trial.space import SearchSpace
 
 RESULTS = Path(__file__).parent / "results" / "minilm.json"
 
@@ -50,6 +57,22 @@ def recipes(path: Path, feeds: list, eval_fn: EmbeddingAgreement, repeats: int) 
             m = measurer.measure(QuantConfig(approach=approach))
             measured[approach].append({"acc_loss": m.acc_loss, "lat_diff": m.lat_diff, "spread": m.latency.spread})
             print(f"{approach:8s} acc_loss {m.acc_loss:.4f} lat_diff {m.lat_diff:.3f} (spread {m.latency.spread:.3f})", flush=True)
+    return measured
+
+
+def groups(measurer: Measurer) -> dict[str, dict[str, object]]:
+    """The sensitivity at the dynamic reference by layer, by role and by block, measured in turn."""
+    measured: dict[str, dict[str, object]] = {}
+    for grouping in (None, "role", "block"):
+        space = SearchSpace.from_model(measurer.prepared.prepared, layer_groups=grouping)
+        start = time.perf_counter()
+        sens = measure_sensitivity(
+            measurer.prepared.prepared, measurer.quantizer, measurer.feeds, space.units(),
+            base_config=QuantConfig(approach="dynamic"), settings=measurer.benchmark, timing_feed=measurer.latency_feed,
+        )
+        seconds = time.perf_counter() - start
+        measured[str(grouping)] = {"units": len(sens), "seconds": seconds, "revert_order": revert_order(sens)[:5]}
+        print(f"layer_groups={grouping}: {len(sens)} units, {seconds:.1f} s, revert first {revert_order(sens)[:3]}", flush=True)
     return measured
 
 
@@ -84,6 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=30, help="the study's trials (0: no study)")
     parser.add_argument("--recipes", action="store_true", help="measure the two simple recipes side by side first")
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each recipe")
+    parser.add_argument("--groups", action="store_true", help="the sensitivity by layer, by role and by block")
     parser.add_argument("--json", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -97,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     result: dict[str, object] = {"versions": versions()}
     if args.recipes:
         result["recipes"] = recipes(path, feeds, eval_fn, args.repeats)
+    if args.groups:
+        result["groups"] = groups(Measurer(path, feeds, eval_fn))
     if args.trials:
         with tempfile.TemporaryDirectory(prefix="minilm-") as folder:
             result["study"] = study(path, feeds, eval_fn, args.trials, f"sqlite:///{folder}/minilm.db")

@@ -105,24 +105,30 @@ def _cached(name: str, cache_dir: Path) -> Path:
     return cache_dir / f"{name}-torch{torch.__version__}-transformers{transformers.__version__}.onnx"
 
 
-def tiny_bert(cache_dir: Path = CACHE_DIR, seed: int = 0) -> Path:
-    """A two-layer BERT (hidden size 32, two heads, random weights) exported, or its cached file."""
+def tiny_bert_module(seed: int = 0) -> nn.Module:
+    """A two-layer BERT of transformers (hidden size 32, two heads), its random weights drawn
+    from ``seed``: the module that :func:`tiny_bert` exports."""
     import torch
     from transformers import BertConfig
     from transformers import BertModel
 
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BertModel(config, add_pooling_layer=False)
+
+
+def tiny_bert(cache_dir: Path = CACHE_DIR, seed: int = 0) -> Path:
+    """:func:`tiny_bert_module` exported, or its cached file."""
     path = _cached(f"tiny_bert-seed{seed}", cache_dir)
     if not path.is_file():
-        torch.manual_seed(seed)
-        config = BertConfig(
-            vocab_size=TINY_VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        )
-        export_bert(BertModel(config, add_pooling_layer=False), path)
+        export_bert(tiny_bert_module(seed), path)
     return path
 
 

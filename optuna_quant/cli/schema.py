@@ -17,6 +17,7 @@ from pathlib import Path
 import re
 from typing import Any
 
+from optuna_quant.quantization.groups import GROUPINGS
 from optuna_quant.study.study import TRIALS_LOAD_METHODS
 from optuna_quant.trial.objective import OBJECTIVE_MODES
 
@@ -90,6 +91,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "study_name": (_string, "a string"),
     "scopes": (_strings, "a list of scope names"),
     "nodes": (_strings, "a list of node names"),
+    "layer_groups": (lambda v: v in GROUPINGS, f"one of {', '.join(GROUPINGS)}"),
     "export": (_string, "a file path"),
     "objective_mode": (lambda v: v in OBJECTIVE_MODES, f"one of {', '.join(OBJECTIVE_MODES)}"),
     "artifact_dir": (_string, "a folder path"),
@@ -98,7 +100,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 STUDY_KEYS = (
     "accuracy_loss", "latency_reduce", "accuracy_weight", "latency_weight", "stop_on_target",
-    "sampler", "seed", "scopes", "nodes", "objective_mode", "artifact_dir", "pre_process", "sensitivity",
+    "sampler", "seed", "scopes", "nodes", "layer_groups", "objective_mode", "artifact_dir", "pre_process", "sensitivity",
 )
 """The keys passed to ``create_study`` unchanged when given."""
 

@@ -155,7 +155,7 @@ def measure_sensitivity(
     fp32_model: onnx.ModelProto,
     quantizer: Quantizer,
     feeds: Sequence[Feed],
-    nodes: Sequence[str],
+    nodes: Sequence[str] | Mapping[str, Sequence[str]],
     *,
     base_config: QuantConfig | None = None,
     n_samples: int = 32,
@@ -166,6 +166,9 @@ def measure_sensitivity(
 ) -> dict[str, LayerSensitivity]:
     """Measure every layer of ``nodes`` once: its accuracy cost and what int8 saves on it.
 
+    A group of layers (``nodes`` a mapping) is measured as one layer: its nodes reverted
+    together, alone in int8 together, its node time their sum.
+
     Costs ``2 n + 2`` quantized models' output errors on ``n_samples`` feeds, two profiles, and
     ``2 n`` short paired timings (``revert_timing``: about 0.3 s of runs and one session each by
     default; the log line gives their time).
@@ -174,7 +177,8 @@ def measure_sensitivity(
         fp32_model: The fp32 model that ``quantizer`` quantizes.
         quantizer: Builds the int8 models (cached calibration).
         feeds: Input dicts; the first ``n_samples`` measure the output error.
-        nodes: The searchable layers; the others keep ``base_config``'s choice throughout.
+        nodes: The searchable layers, or groups of them by name (``{group: nodes}``); the
+            others keep ``base_config``'s choice throughout.
         base_config: The all-int8 configuration (default :class:`QuantConfig`; best measured at
             the lowest-error combination of :func:`measure_scope_errors`).
         n_samples: Feeds on which the output error is measured.
@@ -190,7 +194,7 @@ def measure_sensitivity(
             its study times; ``benchmarks/real_models/layer_timing.py``).
 
     Returns:
-        The sensitivity of each layer, by name, in the order of ``nodes``.
+        The sensitivity of each layer (or group), by name, in the order of ``nodes``.
 
     Raises:
         ValueError: If ``nodes`` is empty, names a node the model lacks, or ``n_samples`` or
@@ -198,16 +202,18 @@ def measure_sensitivity(
     """
     base = base_config or QuantConfig()
     settings = settings or BenchmarkSettings()
+    units = dict(nodes) if isinstance(nodes, Mapping) else {node: (node,) for node in nodes}
+    every = {node for members in units.values() for node in members}
     names = [n.name for n in fp32_model.graph.node]
-    missing = [n for n in nodes if n not in names]
-    if not nodes or missing:
+    missing = sorted(every - set(names))
+    if not every or missing:
         raise ValueError(f"nodes must name nodes of the model; missing: {missing or 'all (none given)'}.")
     _check_positive(n_samples=n_samples, profile_runs=profile_runs)
     samples = list(feeds[:n_samples])
     timed = samples[0] if timing_feed is None else timing_feed
     _logger.info(
         "Measuring the sensitivity of %d layers on %d samples, timed on a batch of %d",
-        len(nodes),
+        len(units),
         len(samples),
         len(next(iter(timed.values()))),
     )
@@ -220,7 +226,7 @@ def measure_sensitivity(
     all_int8 = quantizer.quantize(base)
     base_error = output_error(reference, _outputs(all_int8, samples, settings))
     profiling = time.perf_counter()
-    layers = initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | set(nodes)))
+    layers = initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | every))
     fp32_ms, fp32_rest = profile_layers(fp32_model, timed, layers, settings, profile_runs)
     int8_ms, int8_rest = profile_layers(all_int8, timed, layers, settings, profile_runs)
     profiled = time.perf_counter()
@@ -243,15 +249,15 @@ def measure_sensitivity(
     sens: dict[str, LayerSensitivity] = {}
     # One layer's two models at a time, dropped once measured: holding all 2 n of them raised a
     # PP-OCRv4 study's peak (51 layers) to 2.3 GB, against 0.95 GB like this.
-    for n in nodes:
-        only, reverted = with_fallback(set(nodes) - {n}), with_fallback({n})
+    for unit, members in units.items():
+        only, reverted = with_fallback(every - set(members)), with_fallback(members)
         # The all-int8 model in measure_latency's "fp32" slot: t_all / t_reverted.
         kept = speedup_over(int8_timed, reverted)
-        sens[n] = LayerSensitivity(
+        sens[unit] = LayerSensitivity(
             error_alone=output_error(reference, _outputs(only, samples, settings)),
             error_recovered=base_error - output_error(reference, _outputs(reverted, samples, settings)),
-            fp32_ms=fp32_ms[n],
-            int8_ms=int8_ms[n],
+            fp32_ms=sum(fp32_ms[n] for n in members),
+            int8_ms=sum(int8_ms[n] for n in members),
             revert_cost=None if kept is None else 1.0 - kept,
             alone_speedup=speedup_over(fp32_timed, only),
         )
@@ -260,14 +266,14 @@ def measure_sensitivity(
         "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s, timings "
         "of each revert and each layer alone %.1f s): all-int8 error %.3g; layer node time fp32 %.3f ms, "
         "int8 %.3f ms; unattributed %.3f ms and %.3f ms",
-        len(nodes),
+        len(units),
         total,
         total - (profiled - profiling) - timed_seconds,
         profiled - profiling,
         timed_seconds,
         base_error,
-        sum(fp32_ms[n] for n in nodes),
-        sum(int8_ms[n] for n in nodes),
+        sum(fp32_ms[n] for n in every),
+        sum(int8_ms[n] for n in every),
         fp32_rest,
         int8_rest,
     )

@@ -298,6 +298,7 @@ def create_study(
     pre_process: bool = True,
     sensitivity: bool = True,
     latency_data: Any = None,
+    layer_groups: str | None = None,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -328,6 +329,11 @@ def create_study(
             :mod:`optuna_quant.trial.space`). Under ``fine_tune``, the scopes that vary around the
             previous best.
         nodes: Restrict the ``layer`` scope to these node names (of the prepared model).
+        layer_groups: ``"block"`` or ``"role"``: on a transformer, one ``layer`` parameter per
+            block or per role (query, key, value, attention, attention output, feed-forward in
+            and out) that keeps the whole group in fp32 or int8, read from the module or node
+            names and the graph (:mod:`optuna_quant.quantization.groups`); ``None`` (the
+            default): one parameter per layer.
         benchmark: Latency settings (:class:`BenchmarkSettings` or its fields as a dict).
         metrics: The fp32 accuracy, when known: skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
@@ -402,6 +408,8 @@ def create_study(
         pre_process=pre_process,
         guided=sensitivity,
         latency_data=latency_data,
+        layer_groups=layer_groups,
+        module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

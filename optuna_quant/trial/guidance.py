@@ -87,7 +87,8 @@ def measure_space(
     timing_feed: Feed | None = None,
 ) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
-    then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
+    then :func:`measure_sensitivity` of the ``layer`` scope's parameters (``space.units()``: each
+    node, or each group of nodes) at the lowest-error combination.
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
     with three ``op_types`` choices), the layers what
@@ -113,7 +114,7 @@ def measure_space(
         fp32_model,
         quantizer,
         feeds,
-        space.nodes,
+        space.units(),
         base_config=to_config(lowest_error(errors)["params"]),
         n_samples=n_samples,
         profile_runs=profile_runs,
@@ -171,14 +172,15 @@ class Guidance:
         base = {**default, **lowest_error(self.scope_errors)["params"]}
         candidates = [base]
         if "layer" in space.scopes:
-            slower = [node for node in space.nodes if (self.layers[node].alone_speedup or math.inf) <= 1.0]
+            units = space.units()
+            slower = [unit for unit in units if (self.layers[unit].alone_speedup or math.inf) <= 1.0]
             # None slower is the base again; all slower, the fp32 model.
-            if 0 < len(slower) < len(space.nodes):
-                candidates.append({**base, **{LAYER_PREFIX + node: "fp32" for node in slower}})
+            if 0 < len(slower) < len(units):
+                candidates.append({**base, **{LAYER_PREFIX + unit: "fp32" for unit in slower}})
             reverted: dict[str, Any] = {}
             # All but one layer at most: every layer in fp32 is the fp32 model again.
-            for node in revert_order(self.layers)[: min(n, len(space.nodes) - 1)]:
-                reverted[LAYER_PREFIX + node] = "fp32"
+            for unit in revert_order(self.layers)[: min(n, len(units) - 1)]:
+                reverted[LAYER_PREFIX + unit] = "fp32"
                 candidates.append({**base, **reverted})
         unique = [params for i, params in enumerate(candidates) if params not in candidates[:i]]
         return [params for params in unique if params != default][:n]

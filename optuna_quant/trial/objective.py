@@ -94,6 +94,10 @@ class QuantizationObjective:
         targets: The accuracy and latency targets and loss weights.
         scopes: The tuning scopes that vary (see :mod:`optuna_quant.trial.space`).
         nodes: Restrict the ``layer`` scope to these node names (default: every quantizable node).
+        layer_groups: ``"block"`` or ``"role"``: one ``layer`` parameter per group of a
+            transformer's layers (:mod:`optuna_quant.quantization.groups`); ``None``: one per node.
+        module_of_node: The module name of each node of a ``torch.nn.Module`` export, which the
+            groups are read from where it names them.
         space: A ready search space; overrides ``scopes`` and ``nodes``.
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
@@ -130,6 +134,8 @@ class QuantizationObjective:
         pre_process: bool = True,
         guided: bool = False,
         latency_data: Any = None,
+        layer_groups: str | None = None,
+        module_of_node: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = TrialSettings(stop_on_target=stop_on_target, objective_mode=objective_mode, guided=guided)
         self.measurer = Measurer(
@@ -142,7 +148,9 @@ class QuantizationObjective:
             pre_process=pre_process,
             latency_data=latency_data,
         )
-        self.space = space or SearchSpace.from_model(self.measurer.prepared.prepared, scopes=scopes, nodes=nodes)
+        self.space = space or SearchSpace.from_model(
+            self.measurer.prepared.prepared, scopes=scopes, nodes=nodes, layer_groups=layer_groups, module_of_node=module_of_node
+        )
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext
         self.scaling: LossScaling | None = None

@@ -2,7 +2,9 @@
 
 Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
 
-- ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback);
+- ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback); or, on a
+  transformer, one per group of layers (``layer_groups="block"`` or ``"role"``,
+  :mod:`optuna_quant.quantization.groups`), which keeps the whole group in fp32 or int8;
 - ``range_estimator``: the activation calibration method;
 - ``granularity``: weights per-channel or per-tensor;
 - ``mode``: two parameters, ``activation_mode`` and ``weight_mode``, each symmetric or
@@ -57,6 +59,7 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.config import WEIGHT_MODES
+from optuna_quant.quantization.groups import layer_groups as read_layer_groups
 
 SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach")
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
@@ -75,6 +78,8 @@ class SearchSpace:
         approaches: The choices of the ``approach`` scope, the reference first (among
             :data:`~optuna_quant.quantization.config.APPROACHES`).
         dynamic_nodes: The quantizable nodes that the dynamic approach quantizes.
+        groups: The ``layer`` scope's groups, ``(name, nodes)`` each, which split ``nodes``
+            between them; none: one parameter per node.
     """
 
     nodes: tuple[str, ...]
@@ -83,6 +88,7 @@ class SearchSpace:
     op_types: tuple[str, ...] = OP_TYPE_SET_NAMES
     approaches: tuple[str, ...] = APPROACHES[:1]
     dynamic_nodes: tuple[str, ...] = ()
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.scopes) - set(SCOPES)
@@ -97,6 +103,18 @@ class SearchSpace:
             raise ValueError(f"op_types choices {list(self.op_types)} must be among {OP_TYPE_SET_NAMES}.")
         if not self.approaches or not set(self.approaches) <= set(APPROACHES):
             raise ValueError(f"approach choices {list(self.approaches)} must be among {APPROACHES}.")
+        grouped = [node for _, nodes in self.groups for node in nodes]
+        if self.groups and (sorted(grouped) != sorted(self.nodes) or len(dict(self.groups)) != len(self.groups)):
+            raise ValueError("The layer groups must have distinct names and hold every node of the space once.")
+
+    def units(self) -> dict[str, tuple[str, ...]]:
+        """What each parameter of the ``layer`` scope switches, by name: a group's nodes, or one node.
+
+        Example:
+            >>> SearchSpace(nodes=("q0", "q1", "fc"), groups=(("query", ("q0", "q1")), ("fc", ("fc",)))).units()
+            {'query': ('q0', 'q1'), 'fc': ('fc',)}
+        """
+        return dict(self.groups) if self.groups else {node: (node,) for node in self.nodes}
 
     @classmethod
     def from_model(
@@ -104,16 +122,28 @@ class SearchSpace:
         model: onnx.ModelProto,
         scopes: Iterable[str] = SCOPES,
         nodes: Iterable[str] | None = None,
+        layer_groups: str | None = None,
+        module_of_node: Mapping[str, str] | None = None,
     ) -> SearchSpace:
         """The space of ``model``: every quantizable node, or only ``nodes``.
 
         Build it from the model that is quantized (the prepared one, see
         :func:`optuna_quant.quantization.prepare.prepare_model`): preparation renames and removes nodes.
 
+        Args:
+            model: The model that is quantized.
+            scopes: The scopes that vary.
+            nodes: The nodes of the ``layer`` scope; default every quantizable node.
+            layer_groups: ``"block"`` or ``"role"`` for one ``layer`` parameter per group of
+                :func:`optuna_quant.quantization.groups.layer_groups` (of ``nodes``); ``None``
+                for one per node.
+            module_of_node: The module name of each node, for a ``torch.nn.Module`` export:
+                the groups are read from it where it names the block and the role.
+
         Raises:
             ValueError: If the model has no quantizable node in its top-level graph (the message
-                names those inside ``If``/``Loop``/``Scan`` bodies), or ``nodes`` names a node that
-                is not a quantizable node of the model.
+                names those inside ``If``/``Loop``/``Scan`` bodies), ``nodes`` names a node that
+                is not a quantizable node of the model, or ``layer_groups`` is unknown.
         """
         available = quantizable_nodes(model)
         if not available:
@@ -139,6 +169,11 @@ class SearchSpace:
                     f"quantizable nodes are {list(available)}."
                 )
         approaches = approach_choices(model)
+        groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        if layer_groups is not None:
+            kept = set(chosen)
+            every = read_layer_groups(model, layer_groups, module_of_node)
+            groups = tuple((name, tuple(n for n in group if n in kept)) for name, group in every.items() if kept & set(group))
         return cls(
             nodes=chosen,
             scopes=frozenset(scopes),
@@ -146,14 +181,15 @@ class SearchSpace:
             op_types=op_type_choices(model),
             approaches=approaches,
             dynamic_nodes=dynamic_nodes(model),
+            groups=groups,
         )
 
     def distributions(self) -> dict[str, CategoricalDistribution]:
         """The Optuna distributions of the space, by parameter name."""
         dists: dict[str, CategoricalDistribution] = {}
         if "layer" in self.scopes:
-            for node in self.nodes:
-                dists[LAYER_PREFIX + node] = CategoricalDistribution(LAYER_CHOICES)
+            for unit in self.units():
+                dists[LAYER_PREFIX + unit] = CategoricalDistribution(LAYER_CHOICES)
         if "range_estimator" in self.scopes:
             dists["range_estimator"] = CategoricalDistribution(RANGE_ESTIMATORS)
         if "granularity" in self.scopes:
@@ -194,7 +230,7 @@ class SearchSpace:
                 raise ValueError(f"Parameter {name!r} has value {params[name]!r}, not one of {dist.choices}.")
         config = self.base
         if "layer" in self.scopes:
-            fallback = {n for n in self.nodes if params[LAYER_PREFIX + n] == "fp32"}
+            fallback = {n for unit, nodes in self.units().items() if params[LAYER_PREFIX + unit] == "fp32" for n in nodes}
             config = replace(config, fallback=frozenset(fallback | (config.fallback - set(self.nodes))))
         if "range_estimator" in self.scopes:
             config = replace(config, range_estimator=params["range_estimator"])
@@ -224,6 +260,7 @@ class SearchSpace:
             "op_types": list(self.op_types),
             "approaches": list(self.approaches),
             "dynamic_nodes": list(self.dynamic_nodes),
+            "groups": {name: list(nodes) for name, nodes in self.groups},
             "base": {
                 "fallback": sorted(self.base.fallback),
                 "approach": self.base.approach,
@@ -248,4 +285,5 @@ class SearchSpace:
             # Spaces stored before the approach scope: static only.
             approaches=tuple(data.get("approaches", APPROACHES[:1])),
             dynamic_nodes=tuple(data.get("dynamic_nodes", ())),
+            groups=tuple((name, tuple(nodes)) for name, nodes in data.get("groups", {}).items()),
         )

@@ -588,6 +588,9 @@ def test_log_lines_shown_have_the_form_the_package_logs(file, text) -> None:
 README_PYTHON = next((item.text for item in shown("README.md") if item.kind == "python"), "")
 MODELS_PYTHON = next((item.text for item in shown("docs/models.md") if item.kind == "python"), "")
 QAT_PYTHON = next((item.text for item in shown("docs/qat.md") if item.kind == "python"), "")
+MODELS_GROUPS_PYTHON = next(
+    (item.text for item in shown("docs/models.md") if item.kind == "python" and "layer_groups(" in item.text), ""
+)
 MODELS_LATENCY_PYTHON = next(
     (item.text for item in shown("docs/models.md") if item.kind == "python" and "latency_data=" in item.text), ""
 )
@@ -633,6 +636,13 @@ def test_models_md_prepares_the_shipped_classifier_and_prints_the_steps_it_shows
     expected = ast.literal_eval(" ".join(line.removeprefix("#").strip() for line in comment.splitlines()))
     assert capsys.readouterr().out == f"{expected}\n"
     assert set(scope["space"].nodes) <= {node.name for node in scope["prepared"].prepared.graph.node}
+
+
+def test_models_md_groups_the_tiny_bert_as_it_prints(capsys) -> None:
+    block = _the("docs/models.md", MODELS_GROUPS_PYTHON).text
+    exec(block, {})
+    expected = ast.literal_eval(block.rsplit("\n# ", 1)[1])
+    assert capsys.readouterr().out == f"{expected}\n"
 
 
 def test_models_md_times_the_tiny_bert_on_the_latency_data_it_shows(capsys) -> None:
@@ -784,6 +794,7 @@ CLAIMS: dict[str, str] = {
     README_PYTHON: "test_readme_python_block_runs_on_a_model_file_named_as_it_names_it",
     MODELS_PYTHON: "test_models_md_prepares_the_shipped_classifier_and_prints_the_steps_it_shows",
     QAT_PYTHON: "test_qat_md_recipe_block_quantizes_calibrates_groups_and_exports",
+    MODELS_GROUPS_PYTHON: "test_models_md_groups_the_tiny_bert_as_it_prints",
     MODELS_LATENCY_PYTHON: "test_models_md_times_the_tiny_bert_on_the_latency_data_it_shows",
     MAKE_BENCH: "test_make_bench_runs_the_two_commands_benchmarks_md_shows_beside_it",
     SHIPPED_PINS: "test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions",

@@ -16,7 +16,9 @@ from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
+from optuna_quant.trial import records
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
+from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial.records import SCALING_KEY
 from optuna_quant.trial.records import WORKER
@@ -320,3 +322,21 @@ def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_stu
     assert (tmp_path / "models").is_dir()
     with pytest.raises(ValueError, match="'loss' mode"):
         make_study(trials_load_method="warm_start")
+
+
+def test_a_transformer_study_by_layer_groups_searches_and_measures_the_groups(
+    tmp_path, bert_path, bert_feeds, bert_agreement
+) -> None:
+    study = oq.create_study(
+        str(bert_path), bert_feeds, bert_agreement, layer_groups="block", sampler="tpe", seed=0,
+        storage=f"sqlite:///{tmp_path}/study.db", study_name="bert-blocks",
+        benchmark={"warmup": 2, "blocks": 3, "min_seconds": 0.03},
+    )
+    study.optimize(n_trials=4)
+    layers = {name for name in study.objective.space.distributions() if name.startswith("layer:")}
+    assert layers == {"layer:block.0", "layer:block.1"}
+    assert all(trial.state == TrialState.COMPLETE for trial in study.trials)
+    assert all(layers <= trial.params.keys() for trial in study.trials)
+    # The sensitivity measured each group as one layer, and its prior is over the groups.
+    assert set(stored_sensitivity(study.study)) == {"block.0", "block.1"}
+    assert records.stored_space(study.study).units() == study.objective.space.units()
