@@ -10,7 +10,11 @@ sentence embeddings with fp32's on 16 others (:class:`examples.bert.EmbeddingAgr
 2. ``--groups``: the sensitivity at the dynamic reference (what a study measures after its
    reference) with one unit per layer, per role and per block (``layer_groups``), in turn: its
    seconds, the units and the first of the revert order;
-3. the study: ``create_study(model, calibration_data, eval_fn, accuracy_loss=1.0,
+3. ``--fused``: the dynamic reference on the model prepared by ``quant_pre_process`` alone and
+   with onnxruntime's transformer optimizer after it (``pre_process="transformer"``), in turn
+   in one process, each ``lat_diff`` against the user's model, and the two int8 models timed
+   against each other (unfused / fused);
+4. the study: ``create_study(model, calibration_data, eval_fn, accuracy_loss=1.0,
    latency_reduce=0.99)`` with the package's defaults, ``--trials`` trials; how many failed and
    why, the reference and the best.
 
@@ -18,6 +22,7 @@ Run::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 30 --recipes --json benchmarks/results/minilm.json
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 0 --groups --json benchmarks/results/minilm_groups.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_minilm --trials 0 --fused --json benchmarks/results/minilm_fused.json
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 import tempfile
 import time
 
+import onnxruntime as ort
 from optuna.trial import TrialState
 
 from benchmarks._versions import versions
@@ -39,6 +45,7 @@ from examples.bert import minilm
 from examples.bert import SENTENCES
 from examples.bert import sentence_feeds
 import optuna_quant as oq
+from optuna_quant.measure.latency import steady_latency
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.measure.sensitivity import measure_sensitivity
 from optuna_quant.quantization.config import QuantConfig
@@ -76,6 +83,28 @@ def groups(measurer: Measurer) -> dict[str, dict[str, object]]:
     return measured
 
 
+def fused(path: Path, feeds: list, eval_fn: EmbeddingAgreement, repeats: int) -> dict[str, object]:
+    """The dynamic reference without and with the transformer optimizer, in turn, and paired."""
+    measurers = {"unfused": Measurer(path, feeds, eval_fn), "fused": Measurer(path, feeds, eval_fn, pre_process="transformer")}
+    config = QuantConfig(approach="dynamic")
+    int8 = {name: m.build(config) for name, m in measurers.items()}
+    options = measurers["fused"].benchmark.session_options()
+    sessions = {
+        name: ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for name, model in int8.items()
+    }
+    measured: dict[str, object] = {"steps": measurers["fused"].prepared.steps[-1], "unfused": [], "fused": [], "unfused_over_fused": []}
+    for _ in range(repeats):
+        for name, m in measurers.items():
+            result = m.measure_model(int8[name])
+            measured[name].append({"acc_loss": result.acc_loss, "lat_diff": result.lat_diff, "spread": result.latency.spread})
+            print(f"{name:8s} acc_loss {result.acc_loss:.4f} lat_diff {result.lat_diff:.3f} (spread {result.latency.spread:.3f})", flush=True)
+        pair = steady_latency(sessions["unfused"], sessions["fused"], measurers["fused"].latency_feed, measurers["fused"].benchmark)
+        measured["unfused_over_fused"].append({"ratio": pair.lat_diff, "spread": pair.spread})
+        print(f"int8 unfused / fused {pair.lat_diff:.3f} (spread {pair.spread:.3f})", flush=True)
+    return measured
+
+
 def study(path: Path, feeds: list, eval_fn: EmbeddingAgreement, trials: int, storage: str) -> dict[str, object]:
     """Issue 18's study: what failed, the reference and the best."""
     start = time.perf_counter()
@@ -108,6 +137,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recipes", action="store_true", help="measure the two simple recipes side by side first")
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each recipe")
     parser.add_argument("--groups", action="store_true", help="the sensitivity by layer, by role and by block")
+    parser.add_argument("--fused", action="store_true", help="the dynamic reference without and with the transformer optimizer")
     parser.add_argument("--json", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -121,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     result: dict[str, object] = {"versions": versions()}
     if args.recipes:
         result["recipes"] = recipes(path, feeds, eval_fn, args.repeats)
+    if args.fused:
+        result["fused"] = fused(path, feeds, eval_fn, args.repeats)
     if args.groups:
         result["groups"] = groups(Measurer(path, feeds, eval_fn))
     if args.trials:

@@ -95,7 +95,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "export": (_string, "a file path"),
     "objective_mode": (lambda v: v in OBJECTIVE_MODES, f"one of {', '.join(OBJECTIVE_MODES)}"),
     "artifact_dir": (_string, "a folder path"),
-    "pre_process": (lambda v: isinstance(v, bool), "true or false"),
+    "pre_process": (lambda v: isinstance(v, bool) or v == "transformer", "true, false or transformer"),
     "sensitivity": (lambda v: isinstance(v, bool), "true or false"),
 }
 STUDY_KEYS = (

@@ -107,7 +107,8 @@ class Measurer:
         benchmark: How latency is measured.
         fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
-        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
+        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing,
+            and its transformer optimizer after it with ``"transformer"``
             (:mod:`optuna_quant.quantization.prepare`); fp32 accuracy and latency are measured on
             the model as given, so ``lat_diff`` is the speed-up the user gets.
         latency_data: The input to time every model on, as the model will run (a
@@ -140,7 +141,7 @@ class Measurer:
         benchmark: BenchmarkSettings | None = None,
         fp32_accuracy: float | None = None,
         eval_subset_size: int | None = None,
-        pre_process: bool = True,
+        pre_process: bool | str = True,
         latency_data: Any = None,
     ) -> None:
         if not callable(eval_fn):

@@ -295,7 +295,7 @@ def create_study(
     artifact_dir: str | Path | None = None,
     heartbeat_interval: int = HEARTBEAT_INTERVAL,
     grace_period: int = GRACE_PERIOD,
-    pre_process: bool = True,
+    pre_process: bool | str = True,
     sensitivity: bool = True,
     latency_data: Any = None,
     layer_groups: str | None = None,
@@ -346,8 +346,9 @@ def create_study(
         heartbeat_interval: Seconds between heartbeats of a running trial (every database).
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
-            folding, graph optimization) before quantizing it; fp32 accuracy and latency are
-            measured on the model as given (see :mod:`optuna_quant.quantization.prepare`).
+            folding, graph optimization) before quantizing it; ``"transformer"`` runs
+            onnxruntime's transformer optimizer after it. fp32 accuracy and latency are measured
+            on the model as given (see :mod:`optuna_quant.quantization.prepare`).
         sensitivity: After the reference trial, measure once what each choice and each layer
             costs and store it with the study (the dashboard's sensitivity chart); it becomes the
             prior of optuna-quant's samplers and queues a few start-up trials (see

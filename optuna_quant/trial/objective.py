@@ -131,7 +131,7 @@ class QuantizationObjective:
         stop_on_target: bool = False,
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
-        pre_process: bool = True,
+        pre_process: bool | str = True,
         guided: bool = False,
         latency_data: Any = None,
         layer_groups: str | None = None,

@@ -48,6 +48,9 @@ def test_unknown_key_names_key_file_and_closest(tmp_path) -> None:
         ("benchmark", 3, "a mapping"),
         ("metrics", "0.98", "a number or a list"),
         ("objective_mode", "both", "one of loss, pareto"),
+        ("layer_groups", "heads", "one of block, role"),
+        ("pre_process", "bert", "true, false or transformer"),
+        ("latency_data", 8, "a .npy/.npz file or an entry point"),
     ],
 )
 def test_wrong_type_names_the_key(tmp_path, key, value, expected) -> None:

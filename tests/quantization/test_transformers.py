@@ -101,3 +101,22 @@ def test_minilm_calibrates_and_quantizes_with_every_range_estimator() -> None:
         # Static int8 loses 5 to 25 % here (the search's business); a broken model would score near 0.
         assert agreement(session) > 0.5, range_estimator
     assert len(quantizer.unbounded) == 7  # the mask and the masked scores of each of the 6 layers
+
+
+def test_the_transformer_optimizer_fuses_a_bert_that_still_quantizes(bert_path, bert_feeds, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="optuna_quant")
+    prepared = prepare_model(bert_path, bert_feeds, pre_process="transformer")
+    step = prepared.steps[-1]
+    assert step.startswith("transformer optimizer (bert) fused ") and "SkipLayerNormalization" in step
+    assert f"Prepared the model: {step}" in caplog.messages
+    ops = {node.op_type for node in prepared.prepared.graph.node}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= ops
+    assert "SkipLayerNormalization" not in {node.op_type for node in prepared.original.graph.node}  # the fp32 baseline
+    quantizer = Quantizer(prepared.prepared, bert_feeds)
+    for approach, int8_op in (("dynamic", "MatMulInteger"), ("static", "DequantizeLinear")):
+        int8 = quantizer.quantize(QuantConfig(approach=approach))
+        assert int8_op in {node.op_type for node in int8.graph.node}
+        session = ort.InferenceSession(int8.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert np.all(np.isfinite(session.run(None, bert_feeds[0])[0]))
+    with pytest.raises(ValueError, match=r"pre_process must be one of \(True, False, 'transformer'\), got 'bert'"):
+        prepare_model(bert_path, bert_feeds, pre_process="bert")
