@@ -233,13 +233,24 @@ def _counted(counts: Mapping[str, int]) -> str:
 
 
 def activation_matmuls(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The MatMuls of two activations (attention's ``Q K^T`` and ``probabilities V``), which no
-    approach quantizes here."""
+    """The MatMuls of two activations (attention's ``Q K^T`` and ``probabilities V``): static Q/DQ
+    quantizes them, the dynamic approach leaves them fp32."""
     constants = {init.name for init in model.graph.initializer}
     constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
     return tuple(
         node.name for node in model.graph.node
         if node.op_type == "MatMul" and not constants & set(node.input[:2])
+    )
+
+
+def _fp32_matmuls(int8_model: onnx.ModelProto, names: Iterable[str]) -> tuple[str, ...]:
+    """Those of the MatMuls ``names`` that run in fp32 in ``int8_model``: still MatMuls, with an
+    input that no DequantizeLinear gives."""
+    dequantized = {out for node in int8_model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    wanted = set(names)
+    return tuple(
+        node.name for node in int8_model.graph.node
+        if node.name in wanted and node.op_type == "MatMul" and not set(node.input[:2]) <= dequantized
     )
 
 
@@ -286,14 +297,17 @@ def _transformer_causes(
         f"neighbours: {_counted(fp32_ops)}{_measured(op_ms, measured_fp32)}"
     )
     attention = activation_matmuls(model)
-    masked = mask_path(model)
-    found.append(
-        f"attention stays fp32: {len(attention)} MatMuls of two activations (Q K^T, probabilities V)"
-        + (f", and the attention-mask path ({len(masked)} nodes from the mask input to each Softmax: "
-           f"{_counted(Counter(n.op_type for n in model.graph.node if n.name in set(masked)))}), "
-           "whose fill values (finfo.min) no int8 range holds" if masked else "")
-        + _measured(op_ms, ("MatMul", "FusedMatMul"))
-    )
+    fp32_attention = _fp32_matmuls(int8_model, attention)
+    masked = set(mask_path(model))
+    if fp32_attention or masked:
+        found.append(
+            f"attention in fp32: {len(fp32_attention)} of its {len(attention)} MatMuls of two activations "
+            "(Q K^T, probabilities V)"
+            + (f", and the attention-mask path ({len(masked)} nodes from the mask input to each Softmax: "
+               f"{_counted(Counter(n.op_type for n in model.graph.node if n.name in masked))}), "
+               "whose fill values (finfo.min) no int8 range holds" if masked else "")
+            + _measured(op_ms, ("MatMul", "FusedMatMul"))
+        )
     if int8_ops.get("DynamicQuantizeLinear"):
         found.append(
             f"the dynamic approach: {int8_ops['DynamicQuantizeLinear']} DynamicQuantizeLinear quantize "
@@ -313,8 +327,9 @@ def _transformer_causes(
     else:
         found.append(
             "attention not fused: each attention runs as separate Reshape, Transpose, MatMul and Softmax "
-            "nodes; onnxruntime's transformer optimizer (onnxruntime.transformers.optimizer.optimize_model, "
-            "model type bert) fuses them into Attention, which has an int8 kernel (QAttention)"
+            "nodes; onnxruntime's Attention has an int8 kernel (QAttention), but its transformer optimizer "
+            "(pre_process='transformer') fuses attention only in the patterns it knows, not the dynamo "
+            "exporter's (docs/models.md)"
         )
 
 

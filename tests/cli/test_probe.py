@@ -150,7 +150,8 @@ def test_the_causes_on_a_transformer_come_from_its_graph_its_profile_and_the_cpu
     for ops in ("Add (22)", "LayerNormalization (5)", "Softmax (2)", "Erf (2)"):
         assert ops in fp32
     assert "; measured: " in fp32 and "ms of the int8 model's" in fp32
-    attention = cause("attention stays fp32: 4 MatMuls of two activations")
+    # Dynamic leaves attention's MatMuls of two activations fp32; the mask path stays fp32 either way.
+    attention = cause("attention in fp32: 4 of its 4 MatMuls of two activations")
     assert "attention-mask path" in attention and "Softmax (2)" in attention
     # The reference of a transformer is dynamic: one DynamicQuantizeLinear per distinct MatMul
     # input (query, key and value share theirs), 4 a layer.
@@ -167,6 +168,9 @@ def test_the_causes_on_a_transformer_come_from_its_graph_its_profile_and_the_cpu
     found = slow_int8_causes(objective.measurer.model, int8_support(no_vnni), static)
     assert found[0].startswith("this CPU has no int8 dot-product instructions")
     assert any(c.startswith("the static approach: ") and "QuantizeLinear" in c for c in found)
+    static_attention = next(c for c in found if c.startswith("attention in fp32: "))
+    assert "attention-mask path" in static_attention
+    assert not static_attention.startswith("attention in fp32: 4 of")  # Q/DQ quantizes some of them
     assert not any("measured:" in c for c in found)  # no profile given
     found = slow_int8_causes(objective.measurer.model, int8_support(vnni), static)
     assert "(not the cause here) no int8 dot-product instructions (VNNI, AMX): this CPU has them" in found
