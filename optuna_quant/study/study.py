@@ -381,21 +381,10 @@ def create_study(
         model, node_modules = export_module(model, example_inputs)
     lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
-        model,
-        calibration_data,
-        eval_fn,
-        targets=targets,
-        scopes=scopes,
-        nodes=nodes,
-        space=plan.space,
-        benchmark=benchmark,
-        fp32_accuracy=metrics,
-        eval_subset_size=eval_subset_size,
-        stop_on_target=stop_on_target,
-        objective_mode=objective_mode,
-        lock=lock,
-        pre_process=pre_process,
-        guided=sensitivity,
+        model, calibration_data, eval_fn,
+        targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
+        fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
+        stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, guided=sensitivity,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":
