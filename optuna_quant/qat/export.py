@@ -44,11 +44,8 @@ __all__ = ["export_qat"]
 
 
 def export_qat(
-    model: nn.Module,
-    example_inputs: torch.Tensor | Sequence[torch.Tensor],
-    path: str | Path | None = None,
-    opset: int = NATIVE_OPSET,
-    dynamic_batch: bool = True,
+    model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], path: str | Path | None = None,
+    opset: int = NATIVE_OPSET, dynamic_batch: bool = True,
 ) -> onnx.ModelProto:
     """Export a calibrated QAT model (in eval mode) to an ONNX QDQ model.
 

@@ -393,24 +393,11 @@ def create_study(
         model, node_modules = export_module(model, example_inputs)
     lock = study_lock(storage_obj, plan.name)
     objective = QuantizationObjective(
-        model,
-        calibration_data,
-        eval_fn,
-        targets=targets,
-        scopes=scopes,
-        nodes=nodes,
-        space=plan.space,
-        benchmark=benchmark,
-        fp32_accuracy=metrics,
-        eval_subset_size=eval_subset_size,
-        stop_on_target=stop_on_target,
-        objective_mode=objective_mode,
-        lock=lock,
-        pre_process=pre_process,
-        guided=sensitivity,
-        latency_data=latency_data,
-        layer_groups=layer_groups,
-        module_of_node=node_modules,
+        model, calibration_data, eval_fn,
+        targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
+        fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
+        stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, guided=sensitivity,
+        latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

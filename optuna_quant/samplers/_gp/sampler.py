@@ -145,11 +145,7 @@ class DiscreteGPSampler(InTurnSampler):
         return space.decode(self._choose(study, space, history, pending, seen))
 
     def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         distribution = allowed_space(self._prior, {param_name: param_distribution})[param_name]
         choices = choices_of(param_name, distribution)

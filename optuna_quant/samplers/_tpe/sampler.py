@@ -206,11 +206,7 @@ class TPESampler(InTurnSampler):
         return self._sample(study, trials, search_space, never_repeat=True)
 
     def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
