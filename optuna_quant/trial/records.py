@@ -106,7 +106,7 @@ def share_records(
         differing = sorted(name for name in theirs.keys() | ours.keys() if theirs.get(name) != ours.get(name))
         raise ValueError(
             f"Study {study.study_name!r} was made with another search space: parameter(s) {differing} "
-            "differ; give the study's scopes and nodes, or use another study name or cold_start."
+            "differ; give the study's scopes, nodes and layer_groups, or use another study name or cold_start."
         )
     own[SPACE_KEY] = stored.to_dict()
     if node_modules:

@@ -340,3 +340,10 @@ def test_a_transformer_study_by_layer_groups_searches_and_measures_the_groups(
     # The sensitivity measured each group as one layer, and its prior is over the groups.
     assert set(stored_sensitivity(study.study)) == {"block.0", "block.1"}
     assert records.stored_space(study.study).units() == study.objective.space.units()
+
+
+def test_a_worker_with_other_layer_groups_is_refused_naming_them(tmp_path, bert_path, bert_feeds, bert_agreement) -> None:
+    kwargs = dict(storage=f"sqlite:///{tmp_path}/study.db", study_name="bert", benchmark={"warmup": 1, "blocks": 2, "min_seconds": 0.02})
+    oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="role", **kwargs)
+    with pytest.raises(ValueError, match=r"another search space: parameter\(s\) .*'layer:block.0'.*layer_groups"):
+        oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="block", trials_load_method="warm_start", **kwargs)
