@@ -19,7 +19,7 @@ from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import ProbeReport
 from optuna_quant.cli.probe import run_probe
-from optuna_quant.cli.probe import slow_int8_causes
+from optuna_quant.measure.int8_causes import slow_int8_causes
 from optuna_quant.cli.probe import suggest_targets
 
 NO_VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx2",))
