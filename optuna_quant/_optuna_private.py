@@ -31,6 +31,10 @@
 - The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
   that has not started, which no public accessor returns. The samplers exclude them from what
   other trials may choose (:func:`fixed_params`).
+- The loggers of Optuna's lines of a finished trial (``optuna.study.study``) and of a failed one
+  (``optuna.study._optimize``) and those lines' form, which lists every parameter: on a model of
+  48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines` sums the layers up in them
+  (:data:`TRIAL_LINE_LOGGERS`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from optuna.trial import FrozenTrial
 
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"
+TRIAL_LINE_LOGGERS = ("optuna.study.study", "optuna.study._optimize")
+"""The loggers of "Trial N finished with value: ... and parameters: {...}" (``Study._log_completed_trial``)
+and of "Trial N failed with parameters: {...} because of ..." (``_optimize._log_failed_trial``)."""
 
 
 def log_completed_trial(study: optuna.Study, trial: FrozenTrial) -> None:

@@ -11,6 +11,10 @@ onnxruntime's quantizer warns once per node ("Expected bias ... to be an initial
 like): :func:`quiet_onnxruntime` counts those records and logs one line instead, unless the
 package logger is at ``DEBUG`` (``optuna-quant --verbose``).
 
+Optuna's own lines per trial (finished, failed) list every parameter, one per layer:
+:func:`compact_trial_lines` sums the layers up in them (``'layer': '48 layers: 45 int8, 3 fp32 (...)'``), so that it stays
+readable on a model of many layers.
+
 Example:
     >>> import logging
     >>> from optuna_quant import logs
@@ -22,13 +26,17 @@ The first line hides POT's per-trial lines, the second Optuna's "Trial ... finis
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ast
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 import logging
 import os
+import re
 import sys
 import threading
+from typing import Any
 
 import onnxruntime
 from tqdm import tqdm
@@ -214,6 +222,74 @@ def quiet_onnxruntime(hint: str | None = None) -> Iterator[QuantizationWarnings]
         line = held.summary()
         if line is not None:
             _library_logger().warning(line)
+
+
+_NAMED = 6
+"""Layers named at most per value in a summed-up trial line."""
+_TRIAL_LINE = re.compile(r"Trial \d+ (finished with values?: .+? and|failed with) parameters: (?=\{)", re.S)
+"""The start of Optuna's lines of a finished and of a failed trial, up to their parameters."""
+
+
+def sum_up_layers(params: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``params`` with those named ``prefix<layer>`` summed up in one entry, ``prefix`` without its
+    colon: how many layers take each value, most first, and the layers of the other values by name.
+
+    Example:
+        >>> sum_up_layers({"layer:a": "int8", "layer:b": "fp32", "layer:c": "int8", "approach": "dynamic"}, "layer:")
+        {'approach': 'dynamic', 'layer': '3 layers: 2 int8, 1 fp32 (b)'}
+    """
+    layers = {name.removeprefix(prefix): value for name, value in params.items() if name.startswith(prefix)}
+    if not layers:
+        return dict(params)
+    counts = Counter(layers.values()).most_common()
+    parts = [f"{counts[0][1]} {counts[0][0]}"]
+    for value, count in counts[1:]:
+        names = [name for name, v in layers.items() if v == value]
+        shown = ", ".join(names[:_NAMED]) + (", ..." if count > _NAMED else "")
+        parts.append(f"{count} {value} ({shown})")
+    rest = {name: value for name, value in params.items() if not name.startswith(prefix)}
+    return {**rest, prefix.rstrip(":"): f"{len(layers)} layers: {', '.join(parts)}"}
+
+
+def _parsed_params(text: str) -> tuple[dict[str, Any], int] | None:
+    """The parameters' dict that ``text`` starts with, as Optuna writes it (its repr), and where
+    it ends; ``None`` when no prefix of ``text`` is one (a value without a literal repr: nan)."""
+    end = text.find("}")
+    while end != -1:
+        try:
+            params = ast.literal_eval(text[: end + 1])
+        except (ValueError, SyntaxError):
+            end = text.find("}", end + 1)
+            continue
+        return (params, end + 1) if isinstance(params, dict) else None
+    return None
+
+
+class _TrialLineFilter(logging.Filter):
+    """On Optuna's loggers: sums up the layers among the parameters of its lines per trial."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        head = _TRIAL_LINE.match(message)
+        parsed = None if head is None else _parsed_params(message[head.end() :])
+        if parsed is not None:
+            params, end = parsed
+            summed = repr(sum_up_layers(params, self.prefix))
+            record.msg, record.args = message[: head.end()] + summed + message[head.end() + end :], ()
+        return True
+
+
+def compact_trial_lines(loggers: Iterable[logging.Logger], prefix: str) -> None:
+    """Have ``loggers`` (Optuna's) sum up the parameters named ``prefix<layer>`` in their lines of a
+    finished or failed trial (:func:`sum_up_layers`). Idempotent."""
+    with _lock:
+        for logger in loggers:
+            if not any(isinstance(f, _TrialLineFilter) for f in logger.filters):
+                logger.addFilter(_TrialLineFilter(prefix))
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings.
+"""Fixtures: the tiny random-weight CNN of :mod:`examples.tiny_cnn` and its data, fast latency settings;
+the tiny BERT of :mod:`examples.bert` (exported once, cached under ``.cache/bert``) and its data.
 
 ``make_study`` creates a study of that CNN in tmp_path; ``write_project`` writes a CLI project
 and ``load_project_study`` reads its study back; ``tuned`` is the config of a CLI project whose
@@ -26,6 +27,9 @@ import optuna
 import pytest
 import yaml
 
+from examples.bert import EmbeddingAgreement
+from examples.bert import tiny_bert
+from examples.bert import token_feeds
 from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
@@ -112,6 +116,25 @@ def calib(cnn: onnx.ModelProto) -> list[np.ndarray]:
 def agreement(cnn: onnx.ModelProto) -> Top1Accuracy:
     """Top-1 agreement with the fp32 model on 200 inputs: fp32 scores exactly 1."""
     return fp32_agreement(cnn)
+
+
+@pytest.fixture(scope="session")
+def bert_path() -> Path:
+    """A two-layer BERT with random weights, exported as ``torch.onnx.export`` gives it: opset 17,
+    dynamic batch and sequence, an attention mask filled with ``finfo.min``."""
+    return tiny_bert()
+
+
+@pytest.fixture(scope="session")
+def bert_feeds() -> list[dict[str, np.ndarray]]:
+    """Eight feeds of two padded token sequences each."""
+    return token_feeds(8, seed=0)
+
+
+@pytest.fixture(scope="session")
+def bert_agreement(bert_path: Path) -> EmbeddingAgreement:
+    """Agreement with the fp32 sentence embeddings of other token sequences: fp32 scores 1."""
+    return EmbeddingAgreement(bert_path, token_feeds(8, seed=1))
 
 
 @pytest.fixture(scope="session")
@@ -213,3 +236,13 @@ def grpc_url() -> Iterator[str]:
         pytest.skip(NO_BINARIES)
     with postgres_server() as url, grpc_proxy(url) as proxy:
         yield proxy
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "journal", "grpc"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of each storage that workers share, for one test each (its servers: the module's)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/study.db"
+    if request.param == "journal":
+        return f"journal:{tmp_path}/study.log"
+    return request.getfixturevalue({"postgresql": "postgres_url", "mariadb": "mariadb_url", "grpc": "grpc_url"}[request.param])

@@ -35,7 +35,6 @@ from optuna_quant import logs
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import load_config
 from optuna_quant.cli.config import RunConfig
-from optuna_quant.cli.config import unwritable
 from optuna_quant.visualization.dashboard import DEFAULT_HOST
 from optuna_quant.visualization.dashboard import DEFAULT_PORT
 from optuna_quant.visualization.dashboard import serve
@@ -46,6 +45,8 @@ from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.visualization.report import write_report
 from optuna_quant.trial.results import BestResult
+from optuna_quant.storages.artifacts import check_writable
+from optuna_quant.storages.artifacts import NotWritableError
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.urls import describe
 from optuna_quant.storages.factory import open_storage
@@ -290,9 +291,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check_writable(path: str, what: str) -> None:
-    problem = unwritable(path)
-    if problem is not None:
-        raise UsageError(f"{what}: cannot write {path}: {problem}.")
+    try:
+        check_writable(path, what)
+    except NotWritableError as err:
+        raise UsageError(str(err)) from err
 
 
 def _print_best(best: BestResult) -> None:

@@ -3,7 +3,9 @@
 A probe measures the fp32 accuracy and latency and the reference configuration (every layer
 int8, the first choice of every scope: the configuration a study's first trial measures), reads
 what this CPU and onnxruntime offer for int8, and suggests a pair of targets with its reason. When
-int8 is not faster than fp32 here it says so, with the usual causes found in the model. It takes
+int8 is not faster than fp32 here it says so, with the usual causes found in the model (for a
+transformer: what stays fp32 between its int8 MatMuls, attention and its mask path, the
+approach's conversions, fusion, each with its measured share of the int8 model's time). It takes
 seconds to a minute and touches no storage: no study is created or read.
 
 Example:
@@ -16,89 +18,28 @@ Example:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 import math
-from pathlib import Path
 import time
 from typing import Any
 
-import onnx
-import onnxruntime as ort
-from onnxruntime.quantization.registry import QLinearOpsRegistry
 
+from optuna_quant.measure.cpu import Int8Support
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.int8_causes import is_transformer
+from optuna_quant.measure.int8_causes import NOT_THE_CAUSE
+from optuna_quant.measure.int8_causes import slow_int8_causes
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.profile import profile_op_types
 from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.trial.objective import Measurement
 from optuna_quant.trial.objective import QuantizationObjective
 
-CPU_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2", "asimddp", "i8mm")
-"""The /proc/cpuinfo flags that matter to onnxruntime's int8 kernels, fastest first."""
-DOT_PRODUCT_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni", "asimddp", "i8mm"})
-"""Flags of int8 dot-product instructions: without one, int8 kernels gain little over fp32."""
-NARROW_CHANNELS = 64
-"""Layers narrower than this rarely run faster in int8 (docs: 16/32/64 channels ran 0.85 times as
-fast as fp32 on this project's test CPU, 64/128/128 channels 2.6 times as fast)."""
-# Ops that move or reshape data: no arithmetic, so no int8 kernel is needed.
-_DATA_OPS = frozenset({"Constant", "Shape", "Identity", "Cast", "Slice", "Expand", "Tile", "Gather",
-                       "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Concat"})
 SensitivityMap = Mapping[str, Mapping[str, float]]
 """Per-layer sensitivity: ``{node: {"acc_cost": float, "time_saved_ms": float}}``."""
-
-
-@dataclass(frozen=True)
-class Int8Support:
-    """What this machine's onnxruntime offers for int8.
-
-    Attributes:
-        onnxruntime_version: ``onnxruntime.__version__``.
-        providers: The execution providers of this onnxruntime build.
-        instruction_sets: The flags of :data:`CPU_INT8_FLAGS` that this CPU has.
-    """
-
-    onnxruntime_version: str
-    providers: tuple[str, ...]
-    instruction_sets: tuple[str, ...]
-
-    @property
-    def dot_product(self) -> bool:
-        """Whether the CPU has int8 dot-product instructions (VNNI, AMX, ARM dot product)."""
-        return bool(DOT_PRODUCT_FLAGS.intersection(self.instruction_sets))
-
-    def describe(self) -> str:
-        """One line: the onnxruntime version, providers and int8 instructions."""
-        found = ", ".join(self.instruction_sets) or "none of " + ", ".join(CPU_INT8_FLAGS)
-        return f"onnxruntime {self.onnxruntime_version} ({', '.join(self.providers)}); int8 instructions: {found}"
-
-
-def int8_support(cpuinfo: str | Path = "/proc/cpuinfo") -> Int8Support:
-    """Read the int8 instruction sets from ``cpuinfo`` and onnxruntime's providers.
-
-    A missing ``cpuinfo`` (not Linux) gives no instruction sets.
-
-    Example:
-        >>> support = int8_support()
-        >>> "CPUExecutionProvider" in support.providers
-        True
-    """
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86, ARM
-            flags.update(value.split())
-    return Int8Support(
-        onnxruntime_version=ort.__version__,
-        providers=tuple(ort.get_available_providers()),
-        instruction_sets=tuple(flag for flag in CPU_INT8_FLAGS if flag in flags),
-    )
 
 
 @dataclass(frozen=True)
@@ -113,7 +54,10 @@ class ProbeReport:
         suggested_accuracy_loss: Suggested ``accuracy_loss``, percent.
         suggested_latency_reduce: Suggested ``latency_reduce``.
         reasons: Why, one sentence per target.
-        slow_int8_causes: When int8 is not faster here: the usual causes, those found first.
+        slow_int8_causes: What makes int8 no faster than fp32, those found in this model and on
+            this CPU first (the others start with :data:`NOT_THE_CAUSE`); shown as the usual
+            causes when int8 is not faster here, as what limits its speed-up (those found) when
+            it is.
         sensitivity: Per-layer sensitivity, when known.
         seconds: How long the probe took.
     """
@@ -139,6 +83,11 @@ class ProbeReport:
         return self.reference.lat_diff
 
     @property
+    def found_causes(self) -> tuple[str, ...]:
+        """The causes of :attr:`slow_int8_causes` found in this model and on this CPU."""
+        return tuple(cause for cause in self.slow_int8_causes if not cause.startswith(NOT_THE_CAUSE))
+
+    @property
     def int8_faster(self) -> bool:
         """Whether the reference int8 model runs faster than fp32 here."""
         return self.lat_diff > 1.0
@@ -152,11 +101,15 @@ class ProbeReport:
             f"  reference int8:    acc_loss {self.acc_loss:.4f} ({self.acc_loss * 100:.2f} % of fp32 accuracy), "
             f"lat_diff {self.lat_diff:.2f}x ± {latency.spread * 100:.1f} % ({latency.int8_ms:.3f} ms per run)",
             "                     (every layer int8, the first choice of every scope: a study's first trial)",
+            f"  timed on:          {latency.feed}",
             f"  int8 on this CPU:  {self.support.describe()}",
         ]
         if not self.int8_faster:
             lines.append(f"  int8 is not faster than fp32 here (lat_diff {self.lat_diff:.2f}x). Usual causes:")
             lines += [f"    - {cause}" for cause in self.slow_int8_causes]
+        elif self.found_causes:
+            lines.append("  what limits the speed-up of int8 here:")
+            lines += [f"    - {cause}" for cause in self.found_causes]
         if self.sensitivity:
             lines.append("  most sensitive layers (accuracy cost of int8, time it saves):")
             lines += [
@@ -214,49 +167,6 @@ def suggest_targets(acc_loss: float, lat_diff: float, spread: float) -> tuple[fl
     return 1.0, latency_reduce, (accuracy, latency)
 
 
-def slow_int8_causes(model: onnx.ModelProto, support: Int8Support) -> tuple[str, ...]:
-    """What usually makes int8 no faster than fp32, the causes found in ``model`` and ``support`` first."""
-    found, other = [], []
-    if support.dot_product:
-        other.append("no int8 dot-product instructions (VNNI, AMX): this CPU has them")
-    else:
-        found.append("this CPU has no int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX): "
-                     "onnxruntime's int8 kernels gain little over fp32")
-    counts = Counter(node.op_type for node in model.graph.node)
-    batch_norms = counts.get("BatchNormalization", 0)
-    (found if batch_norms else other).append(
-        f"unfolded BatchNormalization ({batch_norms} in this model): fold them first "
-        "(onnxruntime.quantization.shape_inference.quant_pre_process)"
-    )
-    no_kernel = {op: n for op, n in counts.items() if op not in QLinearOpsRegistry and op not in _DATA_OPS}
-    if no_kernel:
-        listed = ", ".join(f"{op} ({n})" for op, n in sorted(no_kernel.items(), key=lambda kv: -kv[1]))
-        found.append(f"Q/DQ pairs around ops without int8 kernels, which run in fp32 between int8 layers: {listed}")
-    else:
-        other.append("Q/DQ pairs around ops without int8 kernels: none in this model")
-    widest = _widest_layer(model)
-    if widest is not None and widest < NARROW_CHANNELS:
-        found.append(f"narrow layers: the widest has {widest} output channels; int8 pays from about "
-                     f"{NARROW_CHANNELS} channels")
-    else:
-        other.append(f"layers too narrow (under {NARROW_CHANNELS} channels): the widest has {widest}")
-    return tuple(found + [f"(not the cause here) {cause}" for cause in other])
-
-
-def _widest_layer(model: onnx.ModelProto) -> int | None:
-    """The most output channels of a Conv, ConvTranspose, MatMul or Gemm with a constant weight."""
-    weights = {init.name: init for init in model.graph.initializer}
-    widths = []
-    for node in model.graph.node:
-        if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and len(node.input) > 1:
-            weight = weights.get(node.input[1])
-            if weight is not None and len(weight.dims) >= 2:
-                trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-                axis = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": 0 if trans_b else -1}[node.op_type]
-                widths.append(int(weight.dims[axis]))
-    return max(widths) if widths else None
-
-
 def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | None = None) -> ProbeReport:
     """Probe the model of ``objective``: fp32 baseline, reference configuration, CPU, targets.
 
@@ -272,7 +182,8 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
     with quiet_onnxruntime():
         fp32_accuracy = objective.baseline()
         reference = objective.measure(objective.space.default_params())
-    support = int8_support()
+        support = objective.measurer.cpu
+        causes = _causes(objective, support)
     accuracy_loss, latency_reduce, reasons = suggest_targets(
         reference.acc_loss, reference.lat_diff, reference.latency.spread
     )
@@ -283,10 +194,25 @@ def run_probe(objective: QuantizationObjective, sensitivity: SensitivityMap | No
         suggested_accuracy_loss=accuracy_loss,
         suggested_latency_reduce=latency_reduce,
         reasons=reasons,
-        slow_int8_causes=() if reference.lat_diff > 1.0 else slow_int8_causes(objective.measurer.model, support),
+        slow_int8_causes=causes,
         sensitivity=sensitivity,
         seconds=time.perf_counter() - start,
     )
+
+
+PROFILE_RUNS = 20
+"""Profiled runs of the reference int8 model of a transformer, for the measured causes."""
+
+
+def _causes(objective: QuantizationObjective, support: Int8Support) -> tuple[str, ...]:
+    """:func:`slow_int8_causes` of the objective's model; on a transformer with the reference int8
+    model and its time per operator type, profiled on the latency feed."""
+    measurer = objective.measurer
+    if not is_transformer(measurer.prepared.prepared):
+        return slow_int8_causes(measurer.model, support)
+    int8_model = objective.build(objective.space.default_params())
+    op_ms = profile_op_types(int8_model, measurer.latency_feed, measurer.benchmark, PROFILE_RUNS)
+    return slow_int8_causes(measurer.model, support, int8_model, op_ms)
 
 
 def probe(
@@ -299,22 +225,23 @@ def probe(
     metrics: float | None = None,
     eval_subset_size: int | None = None,
     sensitivity: SensitivityMap | None = None,
+    latency_data: Any = None,
 ) -> ProbeReport:
     """Probe ``model`` with the arguments of :func:`optuna_quant.create_study` that measuring needs.
 
     Raises:
         ValueError, TypeError, FileNotFoundError: For bad input, as ``create_study`` does.
     """
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     objective = QuantizationObjective(
         model,
         calibration_data,
-        Top1Accuracy(*eval_data) if eval_data is not None else eval_fn,
+        eval_fn,
         benchmark=benchmark,
         fp32_accuracy=metrics,
         eval_subset_size=eval_subset_size,
+        latency_data=latency_data,
     )
     return run_probe(objective, sensitivity)

@@ -62,6 +62,17 @@ class Top1Accuracy:
         return correct / n
 
 
+def eval_function(eval_fn: EvalFn | None, eval_data: tuple[Any, Any] | None) -> EvalFn:
+    """``eval_fn``, or the :class:`Top1Accuracy` of ``eval_data`` ``(inputs, labels)``.
+
+    Raises:
+        ValueError: Unless exactly one of the two is given.
+    """
+    if (eval_fn is None) == (eval_data is None):
+        raise ValueError("Give exactly one of eval_fn and eval_data.")
+    return eval_fn if eval_data is None else Top1Accuracy(*eval_data)
+
+
 def accepts_subset_size(eval_fn: EvalFn) -> bool:
     """Whether ``eval_fn`` takes the ``subset_size`` keyword."""
     try:

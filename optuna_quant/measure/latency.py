@@ -51,7 +51,8 @@ class BenchmarkSettings:
         warmup: Untimed runs of each session before timing.
         blocks: Interleaved blocks; each gives one fp32/int8 ratio.
         min_seconds: Total time to spend timing; sets the runs per block.
-        batch_size: Samples per timed run, taken from the calibration data.
+        batch_size: Samples per timed run, taken from the calibration data, when no
+            ``latency_data`` gives the input to time on.
         statistic: How a block's runs of one model are summarised, one of :data:`STATISTICS`:
             ``"min"`` (the fastest run: contention only adds time) or ``"median"``.
         contention: A block whose median run of either model is more than this fraction slower
@@ -115,6 +116,7 @@ class LatencyResult:
         spread: Interquartile range of the block ratios over their median.
         retimed: Blocks timed again because they were contended.
         contended: Whether some block kept was still contended when the re-times ran out.
+        feed: The shape of each input timed (:func:`feed_shapes`).
     """
 
     fp32_ms: float
@@ -123,6 +125,7 @@ class LatencyResult:
     spread: float
     retimed: int = 0
     contended: bool = False
+    feed: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,16 @@ class _Block:
     def inflation(self) -> float:
         """How much slower the median run is than the fastest one, the worse of both models."""
         return max(float(np.median(t) / np.min(t)) for t in (self.fp32, self.int8)) - 1.0
+
+
+def feed_shapes(feed: Mapping[str, np.ndarray]) -> str:
+    """The shape of each input of ``feed``, as a person reads it.
+
+    Example:
+        >>> feed_shapes({"input_ids": np.zeros((8, 128), np.int64), "x": np.zeros(3)})
+        'input_ids 8x128, x 3'
+    """
+    return ", ".join(f"{name} {'x'.join(map(str, np.shape(array)))}" for name, array in feed.items())
 
 
 def _run_times(session: ort.InferenceSession, feed: Mapping[str, np.ndarray], runs: int) -> np.ndarray:
@@ -190,6 +203,7 @@ def measure_latency(
         spread=float((q75 - q25) / median_ratio),
         retimed=retimed,
         contended=any(b.inflation() > settings.contention for b in blocks),
+        feed=feed_shapes(feed),
     )
 
 

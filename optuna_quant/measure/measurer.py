@@ -23,17 +23,21 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import accepts_subset_size
 from optuna_quant.measure.evaluate import checked_score
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import feed_shapes
 from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.measure.latency import steady_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import batch_of
+from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.quantization.model_io import to_feed
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
@@ -75,6 +79,7 @@ class Measurement:
             "lat_diff_spread": self.latency.spread,
             "lat_retimed": self.latency.retimed,
             "lat_contended": self.latency.contended,
+            "latency_feed": self.latency.feed,
             "quantize_s": self.quantize_seconds,
             "eval_s": self.eval_seconds,
             "latency_s": self.latency_seconds,
@@ -102,21 +107,29 @@ class Measurer:
         benchmark: How latency is measured.
         fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
-        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
+        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing,
+            and its transformer optimizer after it with ``"transformer"``
             (:mod:`optuna_quant.quantization.prepare`); fp32 accuracy and latency are measured on
             the model as given, so ``lat_diff`` is the speed-up the user gets.
+        latency_data: The input to time every model on, as the model will run (a
+            ``{input_name: array}`` dict, or an array for a single input): the batch and sequence
+            length of production, say. Default: the first ``benchmark.batch_size`` samples of
+            the calibration data.
 
     Attributes:
         model: The model as given, the fp32 baseline.
         prepared: The model that is quantized, with what preparation did.
         feeds: The calibration feeds.
-        latency_feed: The input every timing runs on (``benchmark.batch_size`` rows).
+        latency_feed: The input every timing runs on: ``latency_data``, or ``benchmark.batch_size``
+            rows of the calibration data.
         quantizer: Builds the int8 models from cached calibration.
         fingerprint: The SHA-256 of the model as given, which a shared study checks.
+        cpu: What this machine offers for int8; a study's trials all come from one int8 class.
 
     Raises:
         FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
-            raised here, before anything is measured.
+            raised here, before anything is measured: ``latency_data`` is checked against the
+            model's inputs (names, ranks, fixed sizes, dtypes) and run once through it.
     """
 
     def __init__(
@@ -128,7 +141,8 @@ class Measurer:
         benchmark: BenchmarkSettings | None = None,
         fp32_accuracy: float | None = None,
         eval_subset_size: int | None = None,
-        pre_process: bool = True,
+        pre_process: bool | str = True,
+        latency_data: Any = None,
     ) -> None:
         if not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable, got {eval_fn!r}.")
@@ -140,14 +154,32 @@ class Measurer:
         self.model = load_model(model)
         self.feeds = to_feeds(calibration_data, self.model)
         self.prepared = prepare_model(self.model, self.feeds, pre_process=pre_process)
-        try:
-            self.latency_feed = batch_of(self.feeds, self.benchmark.batch_size)
-        except ValueError as err:
-            raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
+        self.latency_feed = self._latency_feed(latency_data)
         serialized = self.model.SerializeToString()  # once: large models take seconds
+        self._fp32_session = self._session(serialized)
+        if latency_data is not None:
+            try:
+                self._fp32_session.run(None, self.latency_feed)
+            except Exception as err:
+                raise ValueError(
+                    f"The model does not run on latency_data ({feed_shapes(self.latency_feed)}): {err}"
+                ) from err
         self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
         self.fingerprint = hashlib.sha256(serialized).hexdigest()
-        self._fp32_session = self._session(serialized)
+        self.cpu = int8_support()
+
+    def _latency_feed(self, latency_data: Any) -> Feed:
+        if latency_data is None:
+            try:
+                return batch_of(self.feeds, self.benchmark.batch_size)
+            except ValueError as err:
+                raise ValueError(f"benchmark.batch_size: {err} (calibration_data)") from err
+        if self.benchmark.batch_size != BenchmarkSettings().batch_size:
+            raise ValueError(
+                "latency_data and benchmark.batch_size both say what to time on: give one "
+                "(latency_data holds its own batch)."
+            )
+        return to_feed(latency_data, self.model, "latency_data")
 
     def _session(self, model: onnx.ModelProto | bytes) -> ort.InferenceSession:
         serialized = model if isinstance(model, bytes) else model.SerializeToString()

@@ -1,4 +1,4 @@
-"""Per-layer node time by onnxruntime's profiler, charged back to the layers of the model.
+"""Node time by onnxruntime's profiler: per layer of the model (charged back to it), or per operator type.
 
 onnxruntime fuses ``DequantizeLinear -> Conv -> QuantizeLinear`` into ``QLinearConv`` (named
 ``<layer>_token_<n>``) and fp32 ``Conv -> Relu`` into an NCHWc ``Conv`` named after the Relu's
@@ -10,6 +10,7 @@ charged to its input's producer's layer. What stays unattributed is reported apa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 import json
 from pathlib import Path
 import tempfile
@@ -85,6 +86,37 @@ def _owners(graph: onnx.GraphProto, layers: Mapping[str, Iterable[str]]) -> dict
     return owner
 
 
+@dataclass(frozen=True)
+class _Profile:
+    """The median time of each node of onnxruntime's optimized graph over the kept runs, in ms."""
+
+    node_ms: dict[str, float]
+    op_type: dict[str, str]
+    optimized: onnx.ModelProto
+
+
+def _profile(model: onnx.ModelProto, feed: Feed, settings: BenchmarkSettings, runs: int) -> _Profile:
+    with tempfile.TemporaryDirectory(prefix="optuna-quant-profile-") as folder:
+        options = settings.session_options()
+        options.optimized_model_filepath = str(Path(folder) / "optimized.onnx")
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for _ in range(2 * runs):  # the first half warms up; only the second half is kept
+            session.run(None, feed)
+        trace = json.loads(Path(session.end_profiling()).read_text())
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    durations: dict[str, list[float]] = {}
+    op_type: dict[str, str] = {}
+    for event in trace:
+        if event.get("cat") == "Node" and event["name"].endswith(PROFILE_SUFFIX):
+            name = event["name"].removesuffix(PROFILE_SUFFIX)
+            durations.setdefault(name, []).append(event["dur"])
+            op_type[name] = event.get("args", {}).get("op_name", "?")
+    node_ms = {name: float(np.median(micros[len(micros) // 2 :])) / 1000 for name, micros in durations.items()}
+    return _Profile(node_ms, op_type, optimized)
+
+
 def profile_layers(
     model: onnx.ModelProto,
     feed: Feed,
@@ -104,28 +136,35 @@ def profile_layers(
     Returns:
         The time of each layer (0 for a layer without a node), and the unattributed node time.
     """
-    with tempfile.TemporaryDirectory(prefix="optuna-quant-profile-") as folder:
-        options = settings.session_options()
-        options.optimized_model_filepath = str(Path(folder) / "optimized.onnx")
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(folder) / "profile")
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        for _ in range(2 * runs):  # the first half warms up; only the second half is kept
-            session.run(None, feed)
-        trace = json.loads(Path(session.end_profiling()).read_text())
-        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
-    durations: dict[str, list[float]] = {}
-    for event in trace:
-        if event.get("cat") == "Node" and event["name"].endswith(PROFILE_SUFFIX):
-            durations.setdefault(event["name"].removesuffix(PROFILE_SUFFIX), []).append(event["dur"])
-    owner = _owners(optimized.graph, layers)
+    profile = _profile(model, feed, settings, runs)
+    owner = _owners(profile.optimized.graph, layers)
     per_layer = dict.fromkeys(layers, 0.0)
     unattributed = 0.0
-    for name, micros in durations.items():
-        ms = float(np.median(micros[len(micros) // 2 :])) / 1000
+    for name, ms in profile.node_ms.items():
         layer = owner.get(name)
         if layer is None:
             unattributed += ms
         else:
             per_layer[layer] += ms
     return per_layer, unattributed
+
+
+def profile_op_types(model: onnx.ModelProto, feed: Feed, settings: BenchmarkSettings, runs: int) -> dict[str, float]:
+    """Node time per operator type of the graph onnxruntime runs (fused kernels under their own
+    type), per run, in ms, the slowest type first.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+        >>> graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"])], "g", [x],
+        ...                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+        >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        >>> list(profile_op_types(model, {"x": np.ones((1, 8), np.float32)}, BenchmarkSettings(), runs=2))
+        ['Softmax']
+    """
+    profile = _profile(model, feed, settings, runs)
+    per_type: dict[str, float] = {}
+    for name, ms in profile.node_ms.items():
+        op = profile.op_type[name]
+        per_type[op] = per_type.get(op, 0.0) + ms
+    return dict(sorted(per_type.items(), key=lambda item: -item[1]))

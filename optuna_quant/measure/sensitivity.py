@@ -45,7 +45,9 @@ REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3
 """The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
 
 ScopeError = dict[str, Any]
-"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination."""
+"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination;
+``{"params": ..., "error": None, "failure": "<exception type>: <message>"}`` for one that failed
+to build or run."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,16 @@ class LayerSensitivity:
         return cls(**{key: float(data[key]) for key in ("error_alone", "error_recovered", "fp32_ms", "int8_ms")}, **optional)
 
 
+def failure_reason(err: BaseException) -> str:
+    """How a failure is recorded: ``"<exception type>: <message>"``, on one line.
+
+    Example:
+        >>> failure_reason(ValueError("supplied range\\nis not finite"))
+        'ValueError: supplied range is not finite'
+    """
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
 def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequence[np.ndarray]]) -> float:
     """Noise-to-signal ratio of ``outputs`` against ``reference``: ``sum ||y - y_ref||^2 / sum ||y_ref||^2``.
 
@@ -143,7 +155,7 @@ def measure_sensitivity(
     fp32_model: onnx.ModelProto,
     quantizer: Quantizer,
     feeds: Sequence[Feed],
-    nodes: Sequence[str],
+    nodes: Sequence[str] | Mapping[str, Sequence[str]],
     *,
     base_config: QuantConfig | None = None,
     n_samples: int = 32,
@@ -154,6 +166,9 @@ def measure_sensitivity(
 ) -> dict[str, LayerSensitivity]:
     """Measure every layer of ``nodes`` once: its accuracy cost and what int8 saves on it.
 
+    A group of layers (``nodes`` a mapping) is measured as one layer: its nodes reverted
+    together, alone in int8 together, its node time their sum.
+
     Costs ``2 n + 2`` quantized models' output errors on ``n_samples`` feeds, two profiles, and
     ``2 n`` short paired timings (``revert_timing``: about 0.3 s of runs and one session each by
     default; the log line gives their time).
@@ -162,7 +177,8 @@ def measure_sensitivity(
         fp32_model: The fp32 model that ``quantizer`` quantizes.
         quantizer: Builds the int8 models (cached calibration).
         feeds: Input dicts; the first ``n_samples`` measure the output error.
-        nodes: The searchable layers; the others keep ``base_config``'s choice throughout.
+        nodes: The searchable layers, or groups of them by name (``{group: nodes}``); the
+            others keep ``base_config``'s choice throughout.
         base_config: The all-int8 configuration (default :class:`QuantConfig`; best measured at
             the lowest-error combination of :func:`measure_scope_errors`).
         n_samples: Feeds on which the output error is measured.
@@ -178,7 +194,7 @@ def measure_sensitivity(
             its study times; ``benchmarks/real_models/layer_timing.py``).
 
     Returns:
-        The sensitivity of each layer, by name, in the order of ``nodes``.
+        The sensitivity of each layer (or group), by name, in the order of ``nodes``.
 
     Raises:
         ValueError: If ``nodes`` is empty, names a node the model lacks, or ``n_samples`` or
@@ -186,16 +202,18 @@ def measure_sensitivity(
     """
     base = base_config or QuantConfig()
     settings = settings or BenchmarkSettings()
+    units = dict(nodes) if isinstance(nodes, Mapping) else {node: (node,) for node in nodes}
+    every = {node for members in units.values() for node in members}
     names = [n.name for n in fp32_model.graph.node]
-    missing = [n for n in nodes if n not in names]
-    if not nodes or missing:
+    missing = sorted(every - set(names))
+    if not every or missing:
         raise ValueError(f"nodes must name nodes of the model; missing: {missing or 'all (none given)'}.")
     _check_positive(n_samples=n_samples, profile_runs=profile_runs)
     samples = list(feeds[:n_samples])
     timed = samples[0] if timing_feed is None else timing_feed
     _logger.info(
         "Measuring the sensitivity of %d layers on %d samples, timed on a batch of %d",
-        len(nodes),
+        len(units),
         len(samples),
         len(next(iter(timed.values()))),
     )
@@ -208,7 +226,7 @@ def measure_sensitivity(
     all_int8 = quantizer.quantize(base)
     base_error = output_error(reference, _outputs(all_int8, samples, settings))
     profiling = time.perf_counter()
-    layers = initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | set(nodes)))
+    layers = initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | every))
     fp32_ms, fp32_rest = profile_layers(fp32_model, timed, layers, settings, profile_runs)
     int8_ms, int8_rest = profile_layers(all_int8, timed, layers, settings, profile_runs)
     profiled = time.perf_counter()
@@ -231,15 +249,15 @@ def measure_sensitivity(
     sens: dict[str, LayerSensitivity] = {}
     # One layer's two models at a time, dropped once measured: holding all 2 n of them raised a
     # PP-OCRv4 study's peak (51 layers) to 2.3 GB, against 0.95 GB like this.
-    for n in nodes:
-        only, reverted = with_fallback(set(nodes) - {n}), with_fallback({n})
+    for unit, members in units.items():
+        only, reverted = with_fallback(every - set(members)), with_fallback(members)
         # The all-int8 model in measure_latency's "fp32" slot: t_all / t_reverted.
         kept = speedup_over(int8_timed, reverted)
-        sens[n] = LayerSensitivity(
+        sens[unit] = LayerSensitivity(
             error_alone=output_error(reference, _outputs(only, samples, settings)),
             error_recovered=base_error - output_error(reference, _outputs(reverted, samples, settings)),
-            fp32_ms=fp32_ms[n],
-            int8_ms=int8_ms[n],
+            fp32_ms=sum(fp32_ms[n] for n in members),
+            int8_ms=sum(int8_ms[n] for n in members),
             revert_cost=None if kept is None else 1.0 - kept,
             alone_speedup=speedup_over(fp32_timed, only),
         )
@@ -248,14 +266,14 @@ def measure_sensitivity(
         "Measured the sensitivity of %d layers in %.1f s (output errors %.1f s, profiles %.1f s, timings "
         "of each revert and each layer alone %.1f s): all-int8 error %.3g; layer node time fp32 %.3f ms, "
         "int8 %.3f ms; unattributed %.3f ms and %.3f ms",
-        len(nodes),
+        len(units),
         total,
         total - (profiled - profiling) - timed_seconds,
         profiled - profiling,
         timed_seconds,
         base_error,
-        sum(fp32_ms[n] for n in nodes),
-        sum(int8_ms[n] for n in nodes),
+        sum(fp32_ms[n] for n in every),
+        sum(int8_ms[n] for n in every),
         fp32_rest,
         int8_rest,
     )
@@ -274,8 +292,11 @@ def measure_scope_errors(
 ) -> list[ScopeError]:
     """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
-    No timing: one quantized model and ``n_samples`` runs per combination (calibration is
-    ``quantizer``'s, once per range estimator).
+    No timing: one quantized model and ``n_samples`` runs per distinct configuration
+    (calibration is ``quantizer``'s, once per range estimator). A combination that fails to
+    build or run is recorded as failed, with its reason, and the others are measured: a failing
+    choice is what the study learns (:mod:`optuna_quant.trial.failures`), not the end of the
+    measurement.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -287,7 +308,7 @@ def measure_scope_errors(
         settings: Threads for every session (default :class:`BenchmarkSettings`).
 
     Returns:
-        ``{"params": combination, "error": float}`` per combination, in their order.
+        A :data:`ScopeError` per combination, in their order.
 
     Raises:
         ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
@@ -299,22 +320,46 @@ def measure_scope_errors(
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
     reference = _outputs(fp32_model, samples, settings)
-    errors = [
-        {"params": dict(params), "error": output_error(reference, _outputs(quantizer.quantize(to_config(params)), samples, settings))}
-        for params in combinations
-    ]
+    # Combinations that build the same model (the range estimators under dynamic) are measured once.
+    by_config: dict[QuantConfig, dict[str, Any]] = {}
+
+    def error(config: QuantConfig) -> dict[str, Any]:
+        try:
+            return {"error": output_error(reference, _outputs(quantizer.quantize(config), samples, settings))}
+        except Exception as err:  # noqa: BLE001 - recorded: which choice fails is a finding
+            return {"error": None, "failure": failure_reason(err)}
+
+    def measured(params: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            config = to_config(params)
+        except ValueError as err:  # a combination that describes no configuration fails to build
+            return {"error": None, "failure": failure_reason(err)}
+        if config not in by_config:
+            by_config[config] = error(config)
+        return by_config[config]
+
+    errors: list[ScopeError] = [{"params": dict(params), **measured(params)} for params in combinations]
     best = lowest_error(errors)
+    failed = sum(entry["error"] is None for entry in errors)
     _logger.info(
-        "Measured the all-int8 output error of %d combinations in %.1f s: reference %.3g, lowest %.3g at %s",
+        "Measured the all-int8 output error of %d combinations in %.1f s: reference %s, lowest %.3g at %s%s",
         len(errors),
         time.perf_counter() - start,
-        errors[0]["error"],
+        "failed" if errors[0]["error"] is None else f"{errors[0]['error']:.3g}",
         best["error"],
         best["params"],
+        f"; {failed} failed to build or run" if failed else "",
     )
     return errors
 
 
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:
-    """The combination with the lowest all-int8 output error: where to measure the layers."""
-    return min(scope_errors, key=lambda entry: entry["error"])
+    """The measured combination with the lowest all-int8 output error: where to measure the layers.
+
+    Raises:
+        ValueError: If every combination failed.
+    """
+    measured = [entry for entry in scope_errors if entry["error"] is not None]
+    if not measured:
+        raise ValueError(f"Every one of the {len(scope_errors)} combinations failed, e.g. {scope_errors[0]['failure']}")
+    return min(measured, key=lambda entry: entry["error"])

@@ -1,6 +1,6 @@
 """Export a quantization-aware-trained model to ONNX QuantizeLinear/DequantizeLinear (QDQ).
 
-Every enabled :class:`~optuna_quant.qat.nn.TensorQuantizer` becomes a QuantizeLinear ->
+Every enabled :class:`~optuna_quant.qat.tensor_quantizer.TensorQuantizer` becomes a QuantizeLinear ->
 DequantizeLinear pair with constant int8 scale and zero point, which onnxruntime runs, fusing
 the pairs around a Conv/MatMul into int8 kernels where it can.
 
@@ -35,7 +35,8 @@ import onnx
 import torch
 from torch import nn
 
-from optuna_quant.qat.nn import UncalibratedQuantizerError, named_quantizers
+from optuna_quant.qat.nn import named_quantizers
+from optuna_quant.qat.tensor_quantizer import UncalibratedQuantizerError
 from optuna_quant.quantization.torch_export import export_module
 from optuna_quant.quantization.torch_export import NATIVE_OPSET
 
@@ -43,22 +44,17 @@ __all__ = ["export_qat"]
 
 
 def export_qat(
-    model: nn.Module,
-    example_inputs: torch.Tensor | Sequence[torch.Tensor],
-    path: str | Path | None = None,
-    opset: int = NATIVE_OPSET,
-    dynamic_batch: bool = True,
+    model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], path: str | Path | None = None,
+    opset: int = NATIVE_OPSET, dynamic_batch: bool = True,
 ) -> onnx.ModelProto:
     """Export a calibrated QAT model (in eval mode) to an ONNX QDQ model.
+
+    ``example_inputs``, ``path``, ``opset`` and ``dynamic_batch`` go to
+    :func:`~optuna_quant.quantization.torch_export.export_module`, which documents them.
 
     Args:
         model: A model with :class:`TensorQuantizer` s (see ``quantize_modules``); its
             train/eval mode is restored afterwards. Disabled quantizers export nothing.
-        example_inputs: One tensor, or a sequence of tensors passed as positional arguments.
-        path: Where to save the model as well, if given.
-        opset: ONNX opset, at least 13 (per-channel QDQ needs it); below 18 the model is
-            converted down, which fails for some models.
-        dynamic_batch: Export the first dimension of every input as symbolic.
 
     Returns:
         The ONNX model.

@@ -28,7 +28,7 @@ import warnings
 import torch
 from torch import nn
 
-from optuna_quant.qat.nn import TensorQuantizer
+from optuna_quant.qat.tensor_quantizer import TensorQuantizer
 
 __all__ = ["freeze_parameters", "group_parameters", "match_parameters", "quant_weight_inplace"]
 

@@ -1,20 +1,23 @@
 """What one int8 configuration is, and which nodes of a graph can take one: no Optuna here.
 
 :class:`QuantConfig` is what :mod:`optuna_quant.quantization.quantize` builds a model from; its
-defaults are the reference recipe, onnxruntime's recommended one (asymmetric uint8 activations,
-symmetric int8 weights, per channel, Q/DQ around the compute-heavy operators only). The Optuna
-search space over it is :class:`optuna_quant.trial.space.SearchSpace`.
+defaults are the static reference recipe, onnxruntime's recommended one (asymmetric uint8
+activations, symmetric int8 weights, per channel, Q/DQ around the compute-heavy operators only).
+Its ``approach`` chooses how: static Q/DQ from calibrated ranges, or dynamic
+(:mod:`optuna_quant.quantization.dynamic`: weights int8 ahead of time, activations at run time),
+which reads only the fallback, the granularity and the weights' mode (:func:`effective_config`).
+The Optuna search space over it is :class:`optuna_quant.trial.space.SearchSpace`.
 
 Example:
     >>> config = QuantConfig(fallback=frozenset({"fc"}), per_channel=False)
-    >>> config.range_estimator, config.op_types
-    ('minmax', 'compute')
+    >>> config.approach, config.range_estimator, config.op_types
+    ('static', 'minmax', 'compute')
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, replace
 import functools
 
 import onnx
@@ -29,6 +32,12 @@ RANGE_ESTIMATORS: tuple[str, ...] = (
     "percentile_99.99",
     "percentile_99.999",
 )
+APPROACHES: tuple[str, ...] = ("static", "dynamic")
+"""How the int8 model is built: Q/DQ from calibrated ranges, or activations quantized at run time."""
+DYNAMIC_OP_TYPES: tuple[str, ...] = ("MatMul", "Attention", "LSTM")
+"""The operators the dynamic approach quantizes (MatMul only where its weights are constant):
+those of onnxruntime's integer kernels that pay. Its ConvInteger ran slower than fp32 and its
+quantized Gather and Transpose bought nothing on every model measured (docs/models.md)."""
 GRANULARITIES: tuple[str, ...] = ("per_channel", "per_tensor")
 ACTIVATION_MODES: tuple[str, ...] = ("asymmetric", "symmetric")
 WEIGHT_MODES: tuple[str, ...] = ("symmetric", "asymmetric")
@@ -62,6 +71,7 @@ class QuantConfig:
     """One quantization configuration; the defaults are the reference recipe.
 
     Attributes:
+        approach: One of :data:`APPROACHES`.
         fallback: Names of the quantizable nodes kept in fp32.
         range_estimator: One of :data:`RANGE_ESTIMATORS`.
         per_channel: Per-channel weight scales (else one scale per tensor).
@@ -71,6 +81,7 @@ class QuantConfig:
     """
 
     fallback: frozenset[str] = frozenset()
+    approach: str = APPROACHES[0]
     range_estimator: str = RANGE_ESTIMATORS[0]
     per_channel: bool = GRANULARITIES[0] == "per_channel"
     activation_symmetric: bool = ACTIVATION_MODES[0] == "symmetric"
@@ -78,6 +89,8 @@ class QuantConfig:
     op_types: str = OP_TYPE_SET_NAMES[0]
 
     def __post_init__(self) -> None:
+        if self.approach not in APPROACHES:
+            raise ValueError(f"Unknown approach {self.approach!r}; choose from {APPROACHES}.")
         if self.range_estimator not in RANGE_ESTIMATORS:
             raise ValueError(
                 f"Unknown range_estimator {self.range_estimator!r}; choose from {RANGE_ESTIMATORS}."
@@ -129,3 +142,52 @@ def op_type_choices(model: onnx.ModelProto) -> tuple[str, ...]:
             seen.append(effective)
             choices.append(name)
     return tuple(choices)
+
+
+def dynamic_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The quantizable nodes that the dynamic approach quantizes: MatMuls with constant weights.
+
+    A MatMul of two activations (attention's ``Q K^T``) stays fp32 in it, as in onnxruntime's
+    ``quantize_dynamic``.
+    """
+    constants = {init.name for init in model.graph.initializer}
+    return tuple(n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in constants)
+
+
+def approach_choices(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The :data:`APPROACHES` that make a difference on ``model``, the reference first.
+
+    ``dynamic`` only where it quantizes something (a MatMul with constant weights, an Attention
+    or an LSTM), and first on a model without convolutions (a transformer, an RNN), where
+    onnxruntime recommends it and where it beat static Q/DQ in speed and accuracy here
+    (docs/models.md); static first on the others, whose convolutions only it quantizes.
+    """
+    ops = {n.op_type for n in model.graph.node}
+    if not dynamic_nodes(model) and not ops & {"Attention", "LSTM"}:
+        return APPROACHES[:1]
+    if ops & {"Conv", "ConvTranspose"}:
+        return APPROACHES
+    return tuple(reversed(APPROACHES))
+
+
+def effective_config(config: QuantConfig, dynamic: Collection[str]) -> QuantConfig:
+    """``config`` as its approach builds it: under ``dynamic``, the fields it ignores (range
+    estimator, activation mode, operator types) at the reference's values and the fallback among
+    the nodes it quantizes (``dynamic``, :func:`dynamic_nodes`). Two configurations that build the
+    same model are then equal.
+
+    Example:
+        >>> effective_config(QuantConfig(approach="dynamic", range_estimator="entropy",
+        ...                              fallback=frozenset({"qk", "fc"})), ["fc"])
+        QuantConfig(fallback=frozenset({'fc'}), approach='dynamic', range_estimator='minmax', per_channel=True, activation_symmetric=False, weight_symmetric=True, op_types='compute')
+    """
+    if config.approach != "dynamic":
+        return config
+    reference = QuantConfig()
+    return replace(
+        config,
+        fallback=config.fallback & frozenset(dynamic),
+        range_estimator=reference.range_estimator,
+        activation_symmetric=reference.activation_symmetric,
+        op_types=reference.op_types,
+    )

@@ -127,24 +127,39 @@ def to_feeds(data: Iterable[Any], model: onnx.ModelProto, what: str = "calibrati
         ValueError: calibration_data[0]: input 'x' is float32 but the data is uint8 (values 255 to 255); ...
     """
     inputs = graph_inputs(model)
-    feeds: list[Feed] = []
-    for index, item in enumerate(data):
-        if not isinstance(item, Mapping):
-            if len(inputs) != 1:
-                raise ValueError(
-                    f"{what}[{index}] is a bare array but the model has inputs {sorted(inputs)}: "
-                    "give a dict {input_name: array}."
-                )
-            item = {next(iter(inputs)): item}
-        feeds.append(_check_feed(dict(item), inputs, f"{what}[{index}]"))
+    feeds = [_check_feed(item, inputs, f"{what}[{index}]") for index, item in enumerate(data)]
     if not feeds:
         raise ValueError(f"{what} is empty.")
     return feeds
 
 
-def _check_feed(
-    item: dict[str, Any], inputs: Mapping[str, tuple[np.dtype, tuple[int | None, ...]]], where: str
-) -> Feed:
+def to_feed(item: Any, model: onnx.ModelProto, what: str) -> Feed:
+    """One input dict (or a bare array, single input) checked against the model's inputs as
+    :func:`to_feeds` checks each item; the messages name ``what``.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> graph = helper.make_graph(
+        ...     [helper.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+        >>> to_feed({"x": np.zeros((8, 4))}, helper.make_model(graph), "latency_data")["x"].shape
+        (8, 4)
+        >>> to_feed({"x": np.zeros((8, 5))}, helper.make_model(graph), "latency_data")
+        Traceback (most recent call last):
+        ...
+        ValueError: latency_data: input 'x' has shape (8, 5), the model expects ('?', 4).
+    """
+    return _check_feed(item, graph_inputs(model), what)
+
+
+def _check_feed(item: Any, inputs: Mapping[str, tuple[np.dtype, tuple[int | None, ...]]], where: str) -> Feed:
+    if not isinstance(item, Mapping):
+        if len(inputs) != 1:
+            raise ValueError(
+                f"{where} is a bare array but the model has inputs {sorted(inputs)}: give a dict {{input_name: array}}."
+            )
+        item = {next(iter(inputs)): item}
     if set(item) != set(inputs):
         raise ValueError(
             f"{where} has inputs {sorted(item)} but the model expects {sorted(inputs)}."

@@ -10,7 +10,11 @@ quantizer gets and the search space is read from:
 3. onnxruntime's ``quant_pre_process`` (symbolic shape inference, graph optimization with
    BatchNorm folding, ONNX shape inference). When symbolic shape inference fails, it is retried
    with ``skip_symbolic_shape=True``, then with the optimization skipped too; every attempt is
-   logged, and when all fail the model goes on without it.
+   logged, and when all fail the model goes on without it;
+4. with ``pre_process="transformer"``, onnxruntime's transformer optimizer
+   (``onnxruntime.transformers.optimizer.optimize_model``, model type ``bert``, the heads and
+   hidden size read from the graph) after it: what it fused is logged, and the model goes on
+   without it when it fails or changes the outputs.
 
 After each step the outputs are compared with the user's model on calibration feeds: a converted
 model that computes something else is an error, a pre-processed one is dropped with a warning.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+import copy
 from dataclasses import dataclass
 import logging
 from pathlib import Path
@@ -62,6 +67,9 @@ PRE_PROCESS_ATTEMPTS: tuple[dict[str, bool], ...] = (
     {"skip_symbolic_shape": True, "skip_optimization": True},
 )
 """``quant_pre_process`` options tried in order until one succeeds."""
+PRE_PROCESS_CHOICES: tuple[bool | str, ...] = (True, False, "transformer")
+"""``pre_process``: ``quant_pre_process``, nothing, or ``quant_pre_process`` and onnxruntime's
+transformer optimizer."""
 
 
 @dataclass(frozen=True)
@@ -80,19 +88,22 @@ class PreparedModel:
     steps: tuple[str, ...]
 
 
-def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool = True) -> PreparedModel:
+def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool | str = True) -> PreparedModel:
     """Prepare ``model`` for quantization, checked against its own outputs on ``feeds``.
 
     Args:
         model: An ONNX model: a path (external data is loaded from beside it) or a ``ModelProto``.
         feeds: Input dicts (see :func:`optuna_quant.quantization.model_io.to_feeds`); the first
             :data:`CHECK_FEEDS` check each step's outputs.
-        pre_process: Run onnxruntime's ``quant_pre_process``.
+        pre_process: Run onnxruntime's ``quant_pre_process`` (``True``), and its transformer
+            optimizer after it (``"transformer"``), or neither (``False``).
 
     Raises:
         FileNotFoundError, ValueError: For a bad model (see :func:`optuna_quant.quantization.model_io.load_model`),
             an opset the converter cannot lift, or a conversion that changes the outputs.
     """
+    if not (isinstance(pre_process, bool) or pre_process == "transformer"):
+        raise ValueError(f"pre_process must be one of {PRE_PROCESS_CHOICES}, got {pre_process!r}.")
     original = load_model(model)
     checks = list(feeds[:CHECK_FEEDS])
     try:
@@ -117,6 +128,8 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
         steps.append(f"opset {opset} -> {MIN_OPSET}")
     if pre_process:
         work = _pre_processed(work, checks, expected, steps)
+    if pre_process == "transformer":
+        work = _transformer_optimized(work, checks, expected, steps)
     name_nodes(work)
     for step in steps:
         _logger.info("Prepared the model: %s", step)
@@ -190,6 +203,31 @@ def _pre_processed(
     return model
 
 
+def _transformer_optimized(
+    model: onnx.ModelProto, checks: list[Feed], expected: list[list[np.ndarray]], steps: list[str]
+) -> onnx.ModelProto:
+    """``model`` fused by onnxruntime's transformer optimizer, or ``model`` when that fails or
+    changes the outputs (logged)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    try:
+        # num_heads and hidden_size 0: read from the graph; opt_level 0: its fusions only, the
+        # session's own optimizations run when onnxruntime loads the model anyway.
+        optimizer = optimize_model(copy.deepcopy(model), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+        optimized = optimizer.model
+        failure = _mismatch(optimized, checks, expected)
+    except Exception as err:
+        failure = f"{type(err).__name__}: {err}"
+    if failure is not None:
+        _logger.warning("The transformer optimizer failed (%s); going on without it.", failure.splitlines()[0])
+        steps.append("transformer optimizer skipped: it failed")
+        return model
+    fused = {op: n for op, n in optimizer.get_fused_operator_statistics().items() if n}
+    listed = ", ".join(f"{n} {op}" for op, n in fused.items()) or "nothing"
+    steps.append(f"transformer optimizer (bert) fused {listed}: {len(model.graph.node)} -> {len(optimized.graph.node)} nodes")
+    return optimized
+
+
 # onnxruntime's symbolic shape inference dumps the model here, in the current directory, when it
 # fails; the user's folder is no place for it.
 SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
@@ -197,13 +235,23 @@ SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
 
 @contextmanager
 def _no_stray_file(path: Path) -> Iterator[None]:
-    """Remove ``path`` (and its external data) after the block if the block created it."""
+    """Remove ``path`` and its external data after the block if the block created it.
+
+    onnx names the data file of such a dump ``<uuid>.data``: the dump itself says where it is.
+    """
     existed = path.exists()
     try:
         yield
     finally:
-        if not existed:
-            for stray in (path, path.with_name(path.name + ".data")):
+        if not existed and path.exists():
+            dump = onnx.load(str(path), load_external_data=False)
+            locations = {
+                entry.value
+                for tensor in dump.graph.initializer
+                for entry in tensor.external_data
+                if entry.key == "location"
+            }
+            for stray in (path, *(path.parent / location for location in locations)):
                 stray.unlink(missing_ok=True)
 
 

@@ -1,5 +1,8 @@
 """Static QDQ quantization with onnxruntime, calibrating once per method and reusing the ranges.
 
+(A configuration of the dynamic approach is built by :mod:`optuna_quant.quantization.dynamic`,
+which needs no calibration; :class:`Quantizer` builds both.)
+
 onnxruntime's ``quantize_static`` calibrates on every call. Here the activation ranges of each
 calibration family are collected once (MinMax, Entropy, and one histogram shared by every
 percentile), so that a trial that only changes fallback, granularity, symmetry or operator types
@@ -15,6 +18,11 @@ on all samples. Each one-off calibration logs a line before and
 after (method, samples, seconds) on the ``optuna_quant`` logger, and its progress every
 :data:`PROGRESS_SECONDS`.
 
+Tensors whose MinMax range is not finite or reaches a fill value (:func:`unbounded_tensors`: an
+attention mask of ``finfo.min``, a ``-inf`` padding) are left out of every calibration: no
+histogram can span them, and no int8 scale can hold them beside real values. The nodes that read
+or write them stay fp32 in every configuration, and one log line names both.
+
 Example:
     >>> quantizer = Quantizer(model, feeds)                     # doctest: +SKIP
     >>> int8 = quantizer.quantize(QuantConfig(fallback=frozenset({"fc"})))  # doctest: +SKIP
@@ -22,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 import contextlib
 import copy
 import io
@@ -44,9 +52,10 @@ from onnxruntime.quantization.calibrate import TensorsData
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
 
-from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.config import op_type_sets
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.dynamic import dynamic_model
+from optuna_quant.quantization.model_io import Feed
 
 _logger = logging.getLogger(__name__)
 
@@ -55,6 +64,9 @@ _logger = logging.getLogger(__name__)
 ENTROPY_NUM_BINS = 2048
 PROGRESS_SECONDS = 10.0
 """A calibration pass longer than this logs its progress at this interval."""
+FILL_FRACTION = 0.5
+"""A range end beyond this fraction of its type's largest value is a fill (``finfo.min`` in an
+attention mask), not data: twice it overflows the width of a histogram over the range."""
 _THRESHOLD_GROUP = 8  # tensors whose histogram thresholds are computed between two progress checks
 
 
@@ -80,15 +92,53 @@ def _percentile(range_estimator: str) -> float | None:
     return None
 
 
+def _listed(names: Sequence[str], limit: int = 8) -> str:
+    """``names`` joined, the first ``limit`` of them when there are more."""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown}, ... ({len(names)} in all)"
+
+
 def _samples(feeds: Sequence[Feed]) -> int:
     return sum(len(next(iter(feed.values()))) for feed in feeds)
 
 
-def qdq_model(model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig) -> onnx.ModelProto:
+def unbounded_tensors(ranges: TensorsData) -> tuple[str, ...]:
+    """The tensors of MinMax ``ranges`` whose range has an end that is not finite or is a fill
+    (beyond :data:`FILL_FRACTION` of its type's largest value), sorted.
+
+    Example:
+        >>> from onnxruntime.quantization.calibrate import TensorData
+        >>> lowest = np.finfo(np.float32).min
+        >>> ranges = TensorsData(CalibrationMethod.MinMax, {
+        ...     "scores": TensorData(lowest=np.float32(-9.5), highest=np.float32(7.0)),
+        ...     "mask": TensorData(lowest=lowest, highest=np.float32(0.0)),
+        ...     "padded": TensorData(lowest=np.float32(-np.inf), highest=np.float32(3.0))})
+        >>> unbounded_tensors(ranges)
+        ('mask', 'padded')
+    """
+    unbounded = []
+    for name, data in ranges.data.items():
+        ends = np.concatenate([np.ravel(end) for end in data.range_value])
+        limit = FILL_FRACTION * float(np.finfo(ends.dtype if ends.dtype.kind == "f" else np.float32).max)
+        if not np.all(np.isfinite(ends)) or np.any(np.abs(ends.astype(np.float64)) >= limit):
+            unbounded.append(name)
+    return tuple(sorted(unbounded))
+
+
+def nodes_around(model: onnx.ModelProto, tensors: Collection[str]) -> tuple[str, ...]:
+    """The names of the nodes of ``model``'s graph that read or write one of ``tensors``."""
+    wanted = set(tensors)
+    return tuple(n.name for n in model.graph.node if wanted & {*n.input, *n.output})
+
+
+def qdq_model(
+    model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig, keep_fp32: Collection[str] = ()
+) -> onnx.ModelProto:
     """The QDQ model of ``config`` built by onnxruntime's ``QDQQuantizer`` from cached ranges.
 
     ``model`` needs value_info for its tensors (onnxruntime's ``load_model_with_shape_infer``).
     Neither ``model`` nor ``ranges`` is changed: the quantizer rewrites both, so it gets copies.
+    The nodes of ``keep_fp32`` stay fp32 beside ``config.fallback``.
     """
     quantizer = QDQQuantizer(
         copy.deepcopy(model),
@@ -98,7 +148,7 @@ def qdq_model(model: onnx.ModelProto, ranges: TensorsData, config: QuantConfig) 
         QuantType.QInt8 if config.activation_symmetric else QuantType.QUInt8,
         copy.deepcopy(ranges),
         None,  # nodes_to_quantize: every node of op_types ...
-        sorted(config.fallback),  # ... except these
+        sorted(config.fallback | set(keep_fp32)),  # ... except these
         list(op_type_sets()[config.op_types]),
         {"ActivationSymmetric": config.activation_symmetric, "WeightSymmetric": config.weight_symmetric},
     )
@@ -189,7 +239,7 @@ def compute(calibrator: CalibraterBase, range_estimator: str) -> TensorsData:
 
 
 class Quantizer:
-    """Builds int8 QDQ models of one fp32 model from cached calibration.
+    """Builds int8 models of one fp32 model: static QDQ from cached calibration, or dynamic.
 
     Args:
         model: The model to quantize (the prepared one, see
@@ -199,6 +249,9 @@ class Quantizer:
 
     Attributes:
         calibration_seconds: Time spent calibrating so far, by calibration family.
+        unbounded: The tensors left out of calibration (:func:`unbounded_tensors`), known once
+            MinMax ran (every calibration runs it first).
+        kept_fp32: The nodes that read or write them, fp32 in every configuration.
     """
 
     def __init__(self, model: onnx.ModelProto | bytes, calibration_feeds: Sequence[Feed]) -> None:
@@ -213,9 +266,12 @@ class Quantizer:
         self._histogram: CalibraterBase | None = None
         self._ranges: dict[str, TensorsData] = {}
         self.calibration_seconds: dict[str, float] = {}
+        self.unbounded: tuple[str, ...] = ()
+        self.kept_fp32: tuple[str, ...] = ()
 
     def ranges(self, range_estimator: str) -> TensorsData:
-        """The activation ranges of ``range_estimator``, computed at most once."""
+        """The activation ranges of ``range_estimator``, computed at most once, without the
+        :attr:`unbounded` tensors."""
         if range_estimator not in self._ranges:
             method, options = _family(range_estimator)
             percentile = _percentile(range_estimator)
@@ -232,21 +288,46 @@ class Quantizer:
                     extra_options=options,
                 )
                 if minmax is not None:
+                    calibrator.tensors_to_calibrate &= set(minmax.data)  # no histogram spans a fill
                     seed_histograms(calibrator, minmax)
                 collect(calibrator, self._feeds, method.name)
             if percentile is not None:
                 self._histogram = calibrator
                 calibrator.collector.percentile = percentile
-            self._ranges[range_estimator] = compute(calibrator, range_estimator)
+            ranges = compute(calibrator, range_estimator)
+            if method is CalibrationMethod.MinMax:
+                ranges = self._bounded(ranges)
+            self._ranges[range_estimator] = ranges
             seconds = time.perf_counter() - start
             self.calibration_seconds[method.name] = self.calibration_seconds.get(method.name, 0.0) + seconds
             _logger.info("Calibrated %s in %.2f s", range_estimator, seconds)
         return self._ranges[range_estimator]
+
+    def _bounded(self, minmax: TensorsData) -> TensorsData:
+        """``minmax`` without its unbounded tensors, which it records, with the nodes around them."""
+        self.unbounded = unbounded_tensors(minmax)
+        self.kept_fp32 = nodes_around(self._model, self.unbounded)
+        if self.unbounded:
+            _logger.info(
+                "Calibration leaves out %d tensors whose values are not finite or are fills (attention masks, "
+                "-inf paddings): %s; the %d nodes that read or write them stay fp32: %s",
+                len(self.unbounded),
+                _listed(self.unbounded),
+                len(self.kept_fp32),
+                _listed(self.kept_fp32),
+            )
+        kept = {name: data for name, data in minmax.data.items() if name not in self.unbounded}
+        return TensorsData(minmax.calibration_method, kept)
 
     def calibration_reader(self) -> CalibrationDataReader:
         """A fresh onnxruntime reader over the calibration feeds (one pass each)."""
         return _FeedReader(self._feeds)
 
     def quantize(self, config: QuantConfig) -> onnx.ModelProto:
-        """The int8 QDQ model of ``config``."""
-        return qdq_model(self._model, self.ranges(config.range_estimator), config)
+        """The int8 model of ``config``: static Q/DQ, where the nodes around :attr:`unbounded`
+        tensors stay fp32, or dynamic (:func:`~optuna_quant.quantization.dynamic.dynamic_model`,
+        no calibration)."""
+        if config.approach == "dynamic":
+            return dynamic_model(self._model, config)
+        ranges = self.ranges(config.range_estimator)
+        return qdq_model(self._model, ranges, config, keep_fp32=self.kept_fp32)

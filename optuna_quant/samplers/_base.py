@@ -15,6 +15,7 @@ from optuna_quant.samplers import _coordination
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import SpaceCache
+from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import Prior
 from optuna_quant.samplers._prior import SpacePrior
 from optuna_quant.samplers._prior import validate_prior
@@ -28,11 +29,12 @@ class InTurnSampler(BaseSampler, abc.ABC):
 
     Args:
         seed: Seed of the random number generator.
-        prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`).
+        prior: Per-choice scores in [0, 1) by parameter, 0 for never
+            (:mod:`optuna_quant.samplers._prior`).
         claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
 
     Raises:
-        ValueError: For a negative ``claim_wait_seconds``, or a prior score outside (0, 1).
+        ValueError: For a negative ``claim_wait_seconds``, or a prior score outside [0, 1).
         TypeError: For a prior that is not a mapping of mappings.
     """
 
@@ -50,9 +52,11 @@ class InTurnSampler(BaseSampler, abc.ABC):
     def set_prior(self, prior: Prior | None) -> None:
         """Use ``prior`` from the next trial on (``None`` removes it).
 
+        A choice scored 0 is never drawn again: the sampler draws from the space without it.
+
         Raises:
             TypeError: If ``prior`` is not a mapping of mappings.
-            ValueError: If a score is not strictly between 0 and 1.
+            ValueError: If a score is not in [0, 1).
         """
         self._prior = validate_prior(prior)
 
@@ -61,6 +65,7 @@ class InTurnSampler(BaseSampler, abc.ABC):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
+        search_space = allowed_space(self._prior, search_space)
         return _coordination.sample_in_turn(
             study,
             trial,

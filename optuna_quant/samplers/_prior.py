@@ -1,10 +1,11 @@
 """A prior over a finite space: per-parameter, per-choice scores of how likely a choice is good.
 
-A prior is a mapping ``{param_name: {choice: score}}`` with scores in ``(0, 1)``. The samplers know
-nothing of where it comes from (optuna-quant derives it from measured per-layer sensitivities);
-parameters and choices it leaves out score 0.5, no opinion. Within one parameter the scores,
-normalised to sum to one, are the prior probabilities of its choices, and a configuration's prior
-probability is the product over its parameters.
+A prior is a mapping ``{param_name: {choice: score}}`` with scores in ``[0, 1)``. The samplers know
+nothing of where it comes from (optuna-quant derives it from measured per-layer sensitivities and
+from the choices that failed); parameters and choices it leaves out score 0.5, no opinion. Within
+one parameter the scores, normalised to sum to one, are the prior probabilities of its choices,
+and a configuration's prior probability is the product over its parameters. A score of 0 means
+never: the samplers draw from the space without that choice (:func:`allowed_space`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 from typing import Any
 
 import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
 
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
@@ -23,11 +26,11 @@ NEUTRAL = 0.5
 
 
 def validate_prior(prior: Prior | None) -> dict[str, dict[Any, float]] | None:
-    """A copy of ``prior``, checked: a mapping of mappings with scores strictly inside (0, 1).
+    """A copy of ``prior``, checked: a mapping of mappings with scores in [0, 1) (0: never).
 
     Raises:
         TypeError: If ``prior`` or one of its entries is not a mapping.
-        ValueError: If a score is not a number strictly between 0 and 1.
+        ValueError: If a score is not a number in [0, 1).
 
     Example:
         >>> validate_prior({"layer:conv": {"fp32": 0.8, "int8": 0.2}})
@@ -35,7 +38,7 @@ def validate_prior(prior: Prior | None) -> dict[str, dict[Any, float]] | None:
         >>> validate_prior({"layer:conv": {"fp32": 1.0}})
         Traceback (most recent call last):
         ...
-        ValueError: Prior score of choice 'fp32' of parameter 'layer:conv' must lie strictly between 0 and 1, got 1.0.
+        ValueError: Prior score of choice 'fp32' of parameter 'layer:conv' must lie in [0, 1) (0: never), got 1.0.
     """
     if prior is None:
         return None
@@ -46,13 +49,39 @@ def validate_prior(prior: Prior | None) -> dict[str, dict[Any, float]] | None:
         if not isinstance(scores, Mapping):
             raise TypeError(f"Prior of parameter {name!r} must map choices to scores, got {scores!r}.")
         for choice, score in scores.items():
-            if not isinstance(score, (int, float)) or not 0.0 < float(score) < 1.0 or math.isnan(score):
+            if not isinstance(score, (int, float)) or not 0.0 <= float(score) < 1.0 or math.isnan(score):
                 raise ValueError(
-                    f"Prior score of choice {choice!r} of parameter {name!r} must lie strictly "
-                    f"between 0 and 1, got {score!r}."
+                    f"Prior score of choice {choice!r} of parameter {name!r} must lie in [0, 1) "
+                    f"(0: never), got {score!r}."
                 )
         checked[str(name)] = {choice: float(score) for choice, score in scores.items()}
     return checked
+
+
+def allowed_space(
+    prior: Prior | None, search_space: Mapping[str, BaseDistribution]
+) -> dict[str, BaseDistribution]:
+    """``search_space`` without the categorical choices that ``prior`` scores 0: what is drawn from.
+
+    Raises:
+        ValueError: If the prior scores every choice of a parameter 0.
+
+    Example:
+        >>> space = {"mode": CategoricalDistribution(["a", "b", "c"])}
+        >>> allowed_space({"mode": {"b": 0.0, "c": 0.7}}, space)["mode"].choices
+        ('a', 'c')
+    """
+    allowed = dict(search_space)
+    for name, scores in (prior or {}).items():
+        distribution = search_space.get(name)
+        never = {choice for choice, score in scores.items() if score == 0.0}
+        if not never or not isinstance(distribution, CategoricalDistribution):
+            continue
+        kept = [choice for choice in distribution.choices if choice not in never]
+        if not kept:
+            raise ValueError(f"The prior scores every choice of parameter {name!r} 0: nothing is left to draw.")
+        allowed[name] = CategoricalDistribution(kept)
+    return allowed
 
 
 def choice_probabilities(prior: Prior | None, name: str, choices: tuple[Any, ...]) -> np.ndarray | None:

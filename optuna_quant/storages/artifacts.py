@@ -1,4 +1,5 @@
-"""The best int8 model stored as an Optuna artifact of its study, for optuna-dashboard to offer.
+"""What a run writes beside its study: every output path checked before the run starts, and the best
+int8 model stored as an Optuna artifact of the study, for optuna-dashboard to offer.
 
 Example:
     >>> upload_model(study, "optuna_quant-artifacts", lock, number=41, build=best_model)  # doctest: +SKIP
@@ -8,7 +9,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-import os
 from pathlib import Path
 import tempfile
 
@@ -26,35 +26,56 @@ class NotWritableError(ValueError):
     """A folder or file that a run must write to cannot be written; raised before any trial."""
 
 
-def check_writable(path: str | Path, what: str, *, is_file: bool = False) -> None:
-    """Make sure that files can be written into the folder ``path`` (or the file ``path``).
+def check_writable(path: str | Path, what: str, *, folder: bool = False) -> None:
+    """Check that the file ``path`` (or with ``folder``, the folder) can be written, creating nothing.
 
-    Missing folders are created, as writing would create them.
+    An existing path must be of that kind: a file that opens for appending (which changes
+    nothing), a folder where a temporary file can be made and removed. For a missing path, its
+    nearest existing parent must be a folder where such a file can be made, as writing would make
+    the missing folders there. A test file, not ``os.access``, because the superuser passes every
+    ``os.access`` check even where writing fails (``/proc``).
 
     Args:
-        path: A folder; with ``is_file``, a file whose folder is checked, and itself if it exists.
-        what: What the path is for, as the message names it (``"artifact_dir"``).
-        is_file: Whether ``path`` names a file.
+        path: The file or folder.
+        what: The key or option that gave the path, which the message names (``"artifact_dir"``).
+        folder: Whether ``path`` names a folder.
 
     Raises:
-        NotWritableError: If it cannot, naming ``what``, the path and the reason.
+        NotWritableError: If it cannot be written, naming ``what``, the path and why.
 
     Example:
-        >>> check_writable("/proc/no-such-folder", "artifact_dir")
+        >>> check_writable("/proc/version/model.onnx", "export")
         Traceback (most recent call last):
         ...
-        optuna_quant.storages.artifacts.NotWritableError: artifact_dir '/proc/no-such-folder' is not writable: ...
+        optuna_quant.storages.artifacts.NotWritableError: export: cannot write /proc/version/model.onnx: /proc/version is a file, not a folder.
     """
-    path = Path(path)
-    folder = path.parent if is_file else path
+    problem = _unwritable(Path(path).absolute(), folder)
+    if problem is not None:
+        raise NotWritableError(f"{what}: cannot write {path}: {problem}.")
+
+
+def _unwritable(path: Path, folder: bool) -> str | None:
+    """Why ``path`` cannot be written, or ``None`` when it can."""
+    if path.exists():
+        if path.is_dir() != folder:
+            return f"{path} is {'a folder' if path.is_dir() else 'a file'}, not a {'folder' if folder else 'file'}"
+        target = path
+    else:
+        target = path.parent
+        while not target.exists():
+            target = target.parent
+        if not target.is_dir():
+            return f"{target} is a file, not a folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-        if is_file and path.exists() and not os.access(path, os.W_OK):
-            raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+        if target.is_dir():
+            with tempfile.NamedTemporaryFile(dir=target, prefix=".optuna-quant-write-check-"):
+                pass
+        else:
+            with target.open("ab"):
+                pass
     except OSError as err:
-        raise NotWritableError(f"{what} {str(path)!r} is not writable: {err.strerror or err}") from err
+        return err.strerror or str(err)
+    return None
 
 
 def model_filename(number: int) -> str:

@@ -67,12 +67,17 @@ def plan_load(
     scopes: tuple[str, ...],
     targets: Targets | None,
     sampler: optuna.samplers.BaseSampler | None = None,
+    int8_class: str | None = None,
 ) -> LoadPlan:
     """Read what ``method`` needs from ``storage``; write nothing.
 
+    Args:
+        int8_class: This machine's CPU int8 class, which a warm-started study must be tuned on.
+
     Raises:
         ValueError: For an unknown method; under eval, a missing study or one made outside
-            optuna-quant; under fine_tune, a previous study with no completed trial.
+            optuna-quant; under fine_tune, a previous study with no completed trial; under
+            warm_start, a study tuned on CPUs of another int8 class.
     """
     if method not in TRIALS_LOAD_METHODS:
         raise ValueError(f"Unknown trials_load_method {method!r}; choose from {TRIALS_LOAD_METHODS}.")
@@ -94,6 +99,8 @@ def plan_load(
     elif method == "warm_start" and existing is None:
         _logger.info("No study %r to warm-start: starting with cold_start.", name)
         method = "cold_start"
+    elif method == "warm_start" and int8_class is not None:
+        records.check_int8_class(existing, int8_class)
     return LoadPlan(method, name, space, existing)
 
 

@@ -28,12 +28,14 @@ import onnx
 import optuna
 
 from optuna_quant import logs
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant.trial import records
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
 from optuna_quant.visualization.dashboard import DashboardFigures
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import EvalFn
-from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
 from optuna_quant.study.load_methods import open_study
@@ -46,6 +48,7 @@ from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
 from optuna_quant.samplers.factory import make_sampler
+from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SCOPES
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import GRACE_PERIOD
@@ -166,7 +169,7 @@ class QuantStudy:
             raise ValueError(f"timeout (max_minutes) must be positive, got {timeout!r}.")
         with logs.quiet_onnxruntime():
             if self.run_trials:
-                check_writable(self.artifact_dir, "artifact_dir")
+                check_writable(self.artifact_dir, "artifact_dir", folder=True)
                 Worker(
                     self.study,
                     self.storage,
@@ -237,6 +240,10 @@ class QuantStudy:
     def _model_of(self, best: BestResult) -> onnx.ModelProto:
         if self._built is None or self._built[0] != best.number:
             model = self.objective.build(best.params)
+            trial = self.study.get_trials(deepcopy=False)[best.number]
+            props = {prop.key: prop.value for prop in model.metadata_props}
+            props.update({f"optuna_quant.{key}": str(value) for key, value in records.provenance(trial).items()})
+            onnx.helper.set_model_props(model, props)
             self._built = (best.number, model)
         return self._built[1]
 
@@ -256,12 +263,13 @@ class QuantStudy:
             RuntimeError: If no trial has completed.
         """
         path = Path(path)
-        check_writable(path, "export path", is_file=True)
-        check_writable(self.artifact_dir, "artifact_dir")
+        check_writable(path, "export path")
+        check_writable(self.artifact_dir, "artifact_dir", folder=True)
         if best is None:
             best = self._require_best()
         with logs.quiet_onnxruntime():
             model = self._model_of(best)
+            path.parent.mkdir(parents=True, exist_ok=True)
             onnx.save(model, str(path))
             upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: model)
         if best.missed:
@@ -295,8 +303,10 @@ def create_study(
     artifact_dir: str | Path | None = None,
     heartbeat_interval: int = HEARTBEAT_INTERVAL,
     grace_period: int = GRACE_PERIOD,
-    pre_process: bool = True,
+    pre_process: bool | str = True,
     sensitivity: bool = True,
+    latency_data: Any = None,
+    layer_groups: str | None = None,
 ) -> QuantStudy:
     """Create (or load) a study that tunes int8 quantization of ``model``.
 
@@ -305,7 +315,8 @@ def create_study(
             ``example_inputs``.
         calibration_data: Iterable of ``{input_name: array}`` (or arrays, single input).
         eval_fn: ``eval_fn(session) -> float``, higher is better. Give this or ``eval_data``.
-        eval_data: ``(inputs, labels)`` scored by top-1 accuracy (:class:`Top1Accuracy`).
+        eval_data: ``(inputs, labels)`` scored by top-1 accuracy
+            (:class:`~optuna_quant.measure.evaluate.Top1Accuracy`).
         accuracy_loss: Largest relative accuracy loss, in percent.
         latency_reduce: Wanted ``fp32_latency / int8_latency``.
         accuracy_weight: Weight of the accuracy term of POT's loss.
@@ -327,6 +338,11 @@ def create_study(
             :mod:`optuna_quant.trial.space`). Under ``fine_tune``, the scopes that vary around the
             previous best.
         nodes: Restrict the ``layer`` scope to these node names (of the prepared model).
+        layer_groups: ``"block"`` or ``"role"``: on a transformer, one ``layer`` parameter per
+            block or per role (query, key, value, attention, attention output, feed-forward in
+            and out) that keeps the whole group in fp32 or int8, read from the module or node
+            names and the graph (:mod:`optuna_quant.quantization.groups`); ``None`` (the
+            default): one parameter per layer.
         benchmark: Latency settings (:class:`BenchmarkSettings` or its fields as a dict).
         metrics: The fp32 accuracy, when known: skips the fp32 evaluation.
         eval_subset_size: Evaluate every model on the first N samples only.
@@ -340,19 +356,25 @@ def create_study(
             one in memory), which run again the trial of a worker that died.
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
-            folding, graph optimization) before quantizing it; fp32 accuracy and latency are
-            measured on the model as given (see :mod:`optuna_quant.quantization.prepare`).
+            folding, graph optimization) before quantizing it; ``"transformer"`` runs
+            onnxruntime's transformer optimizer after it. fp32 accuracy and latency are measured
+            on the model as given (see :mod:`optuna_quant.quantization.prepare`).
         sensitivity: After the reference trial, measure once what each choice and each layer
             costs and store it with the study (the dashboard's sensitivity chart); it becomes the
             prior of optuna-quant's samplers and queues a few start-up trials (see
             :mod:`optuna_quant.trial.guidance`).
+        latency_data: The input to time every model on, as you will run it: a
+            ``{input_name: array}`` dict (an array for a single input) at the batch and sequence
+            length of production. Default: ``benchmark.batch_size`` samples of the calibration
+            data. Checked against the model's inputs and run once, before any trial.
 
     Returns:
         The :class:`QuantStudy`.
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: For bad input or a stored study made with
-            another search space, before any trial runs; a storage that cannot be opened raises
+        ValueError, TypeError, FileNotFoundError: For bad input, or a stored study made with
+            another search space or joined from a CPU of another int8 class (under warm_start:
+            before the model is read), before any trial runs; a storage that cannot be opened raises
             :class:`optuna_quant.storages.urls.StorageError` (a ``ValueError``) naming its URL, and
             so does one whose workers optuna-quant cannot keep apart, before anything is written.
     """
@@ -360,55 +382,50 @@ def create_study(
     # settings; the storage, read only; the model and data (preparation, calibration: the
     # objective); the folders written to; only then the study is deleted, created or joined.
     logs.configure()  # POT users read the log lines: shown, each once, unless set otherwise
+    logs.compact_trial_lines(map(logging.getLogger, TRIAL_LINE_LOGGERS), LAYER_PREFIX)  # Optuna's, where shown
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
-    if (eval_fn is None) == (eval_data is None):
-        raise ValueError("Give exactly one of eval_fn and eval_data.")
-    if eval_data is not None:
-        eval_fn = Top1Accuracy(*eval_data)
+    eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
     heartbeat = Heartbeat(heartbeat_interval, grace_period)
     storage_obj = open_storage(storage, grace_period=grace_period)
+    scopes = tuple(scopes)
+    cpu = int8_support()
+    plan = plan_load(
+        trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj, int8_class=cpu.int8_class
+    )
     node_modules: dict[str, str] = {}
     if not isinstance(model, (str, Path, onnx.ModelProto)):
         from optuna_quant.quantization.torch_export import export_module
 
         model, node_modules = export_module(model, example_inputs)
-    scopes = tuple(scopes)
-    plan = plan_load(trials_load_method, study_name, storage_obj, scopes=scopes, targets=targets, sampler=sampler_obj)
     if in_memory(storage_obj):
         heartbeat = None  # no other process can watch it
     lock = study_lock(storage_obj, plan.name, heartbeat)
     objective = QuantizationObjective(
-        model,
-        calibration_data,
-        eval_fn,
-        targets=targets,
-        scopes=scopes,
-        nodes=nodes,
-        space=plan.space,
-        benchmark=benchmark,
-        fp32_accuracy=metrics,
-        eval_subset_size=eval_subset_size,
-        stop_on_target=stop_on_target,
-        objective_mode=objective_mode,
-        lock=lock,
-        heartbeat=heartbeat,
-        pre_process=pre_process,
-        guided=sensitivity,
+        model, calibration_data, eval_fn,
+        targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
+        fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
+        stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, heartbeat=heartbeat,
+        guided=sensitivity, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":
         study = open_study(plan, storage_obj, sampler_obj, objective_mode)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
-    check_writable(artifact_dir, "artifact_dir")
+    check_writable(artifact_dir, "artifact_dir", folder=True)
     study = open_study(plan, storage_obj, sampler_obj, objective_mode)
     with lock():
         objective.space = records.share_records(
-            study, space=objective.space, fingerprint=objective.measurer.fingerprint, targets=targets, node_modules=node_modules
+            study,
+            space=objective.space,
+            fingerprint=objective.measurer.fingerprint,
+            targets=targets,
+            int8_class=cpu.int8_class,
+            node_modules=node_modules,
         )
     if study.metric_names is None:
         with optuna_warnings_off():

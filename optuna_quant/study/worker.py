@@ -46,6 +46,7 @@ from optuna_quant.trial import records
 from optuna_quant._optuna_private import clear_trials_cache
 from optuna_quant._optuna_private import log_completed_trial
 from optuna_quant._optuna_private import study_identity
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant._optuna_private import trial_id
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.objective import QuantizationObjective
@@ -61,7 +62,8 @@ from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
 
 _logger = logging.getLogger("optuna_quant")
-_optuna_logger = optuna.logging.get_logger("optuna")  # Optuna's lines about a trial, as optimize writes them
+# Where optimize logs a pruned or failed trial: logs.compact_trial_lines sums up its parameters there.
+_optuna_logger = logging.getLogger(TRIAL_LINE_LOGGERS[1])
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -185,7 +187,6 @@ class Worker:
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
         self.waiter = Waiter(heartbeat)
-        self.prior_set = False
         self.reference_stored = False
 
     def run(self) -> None:
@@ -221,11 +222,10 @@ class Worker:
         return (None, waiting_on) if step == Step.WAIT else ((step, trials), "")
 
     def _take_prior(self) -> None:
-        """Give the sampler the study's prior once the reference's worker has stored it (read until then)."""
-        if self.prior_set or not self.objective.settings.guided:
-            return
-        space, targets = self.objective.space, self.objective.targets
-        self.prior_set = guidance.set_prior(self.study.sampler, self.study, targets, space)
+        """Give the sampler the study's prior as it stands: the measured one, and the choices any
+        worker learnt to fail."""
+        objective = self.objective
+        guidance.set_prior(self.study.sampler, self.study, objective.targets, objective.space, objective.settings.guided)
 
     def _take_trial(self, step: Step, trials: Sequence[FrozenTrial]) -> int | None:
         """Under the study lock, the trial that ``step`` runs: the reference queued and popped for

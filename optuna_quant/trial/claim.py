@@ -13,7 +13,7 @@ queued or running without a claim, holding this configuration or none yet. With 
 reading every running trial under the lock made it the study's bottleneck.
 
 Example:
-    >>> previous, seen = claim(study, trial, params, lock, heartbeat)   # doctest: +SKIP
+    >>> previous, seen = claim(study, trial, params, space, lock, heartbeat)   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import records
+from optuna_quant.trial.space import SearchSpace
 
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 
@@ -40,27 +41,38 @@ def claim(
     study: optuna.Study,
     trial: optuna.Trial,
     params: Mapping[str, Any],
+    space: SearchSpace,
     lock: StudyLock,
     heartbeat: Heartbeat | None,
 ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
     """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
+
+    Configurations are compared as ``space`` builds them (:meth:`SearchSpace.to_config`): params
+    that differ only in a scope their approach ignores are the same configuration.
 
     Returns:
         That trial or ``None``, and the trials read to decide: the stop-on-target check and the
         trial's last log line reuse them.
     """
     names = list(params)
+    config = space.to_config(params)
     storage, study_id = study_identity(study)
+
+    def same(values: Mapping[str, Any]) -> bool:
+        try:
+            return space.to_config(values) == config
+        except ValueError:  # a trial that has not set all its parameters yet
+            return False
 
     def holds(other: FrozenTrial) -> bool | None:
         """Whether ``other`` holds ``params``; ``None`` while it has chosen nothing."""
         held = held_params(other, names)
-        return None if held is None else all(held[name] == params[name] for name in names)
+        return None if held is None else same(held)
 
     def taken(trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial | None, str] | None:
         """The measured trial to copy, or what to wait for; ``None`` while the configuration is free."""
         for other in trials:
-            if other.state == TrialState.COMPLETE and other.params == params and records.measured(other):
+            if other.state == TrialState.COMPLETE and records.measured(other) and same(other.params):
                 return other, ""
         for other in trials:
             # A running reference measures the space's default configuration without a claim.

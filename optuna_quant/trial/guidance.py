@@ -6,7 +6,8 @@ choice of the space does to the model's outputs and what reverting each layer co
 
 - every worker gives its sampler a prior over the choices (``sampler.set_prior``, which both of
   optuna-quant's samplers have; other samplers are left alone), through
-  :func:`optuna_quant.trial.scoring.choice_scores`;
+  :func:`optuna_quant.trial.scoring.choice_scores`, with the choices that fail alone scored 0
+  (:mod:`optuna_quant.trial.failures`: the measurement finds those it cannot build);
 - start-up trials are queued once: the lowest-error combination of the other scopes with every
   layer int8; the same with only the layers whose int8 pays on its own in int8; then every layer
   int8 but the most harmful ones, reverted to fp32 one more at a time, in order of measured harm
@@ -34,6 +35,7 @@ import onnx
 import optuna
 from optuna.distributions import CategoricalDistribution
 
+from optuna_quant.trial import failures
 from optuna_quant.trial import records
 from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -85,10 +87,11 @@ def measure_space(
     timing_feed: Feed | None = None,
 ) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
-    then :func:`measure_sensitivity` of ``space.nodes`` at the lowest-error combination.
+    then :func:`measure_sensitivity` of the ``layer`` scope's parameters (``space.units()``: each
+    node, or each group of nodes) at the lowest-error combination.
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
-    with three ``op_types`` choices; 3 s on the tests' tiny CNN), the layers what
+    with three ``op_types`` choices), the layers what
     :func:`measure_sensitivity` says, which ``timing_feed`` is passed to.
 
     Returns:
@@ -111,7 +114,7 @@ def measure_space(
         fp32_model,
         quantizer,
         feeds,
-        space.nodes,
+        space.units(),
         base_config=to_config(lowest_error(errors)["params"]),
         n_samples=n_samples,
         profile_runs=profile_runs,
@@ -169,14 +172,15 @@ class Guidance:
         base = {**default, **lowest_error(self.scope_errors)["params"]}
         candidates = [base]
         if "layer" in space.scopes:
-            slower = [node for node in space.nodes if (self.layers[node].alone_speedup or math.inf) <= 1.0]
+            units = space.units()
+            slower = [unit for unit in units if (self.layers[unit].alone_speedup or math.inf) <= 1.0]
             # None slower is the base again; all slower, the fp32 model.
-            if 0 < len(slower) < len(space.nodes):
-                candidates.append({**base, **{LAYER_PREFIX + node: "fp32" for node in slower}})
+            if 0 < len(slower) < len(units):
+                candidates.append({**base, **{LAYER_PREFIX + unit: "fp32" for unit in slower}})
             reverted: dict[str, Any] = {}
             # All but one layer at most: every layer in fp32 is the fp32 model again.
-            for node in revert_order(self.layers)[: min(n, len(space.nodes) - 1)]:
-                reverted[LAYER_PREFIX + node] = "fp32"
+            for unit in revert_order(self.layers)[: min(n, len(units) - 1)]:
+                reverted[LAYER_PREFIX + unit] = "fp32"
                 candidates.append({**base, **reverted})
         unique = [params for i, params in enumerate(candidates) if params not in candidates[:i]]
         return [params for params in unique if params != default][:n]
@@ -239,6 +243,7 @@ def guide_study(
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
     guidance = measure_guidance(measurer, space, reference_acc_loss)
+    failures.forbid(study, lock, failures.failing_alone(space, guidance.scope_errors))
     with lock():
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
@@ -254,17 +259,24 @@ def stored(study: optuna.Study) -> Guidance | None:
     return None if found is None else Guidance.from_records(*found)
 
 
-def set_prior(sampler: optuna.samplers.BaseSampler, study: optuna.Study, targets: Targets, space: SearchSpace) -> bool:
-    """Give ``sampler`` the study's prior, where it takes one and the study has it.
+def set_prior(
+    sampler: optuna.samplers.BaseSampler,
+    study: optuna.Study,
+    targets: Targets,
+    space: SearchSpace,
+    guided: bool = True,
+) -> None:
+    """Give ``sampler`` the study's prior, where it takes one (Optuna's samplers do not): the
+    measured one once stored (when ``guided``), with every choice the study learnt to fail
+    scored 0, never (:mod:`optuna_quant.trial.failures`). Nothing while the study has neither.
 
-    Returns:
-        Whether this is settled: the prior was set, or the sampler takes none (Optuna's do not);
-        ``False`` while the study has no guidance yet, so that the caller asks again.
+    Call it before each trial: another worker may have learnt a failing choice meanwhile.
     """
     if not hasattr(sampler, "set_prior"):
-        return True
-    guidance = stored(study)
-    if guidance is None:
-        return False
-    sampler.set_prior(guidance.prior(targets, space))
-    return True
+        return
+    guidance = stored(study) if guided else None
+    prior = {} if guidance is None else guidance.prior(targets, space)
+    for forbidden in records.forbidden_choices(study):
+        prior.setdefault(forbidden.param, {})[forbidden.choice] = 0.0
+    if prior:
+        sampler.set_prior(prior)

@@ -7,7 +7,8 @@ parameters into a configuration of its search space and has the
 is :mod:`optuna_quant.trial.reference`, the stored records :mod:`optuna_quant.trial.records`.
 A configuration that a trial measured already is not measured again: the trial copies that
 result. One that a running trial claimed is waited for, then copied
-(:mod:`optuna_quant.trial.claim`).
+(:mod:`optuna_quant.trial.claim`). A configuration that fails has its choices measured alone, and
+those that fail alone are dropped from the study (:mod:`optuna_quant.trial.failures`).
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -40,9 +41,11 @@ from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
+from optuna_quant.trial import failures
 from optuna_quant.trial import records
 from optuna_quant.trial.claim import claim
 from optuna_quant.trial.guidance import guide_study
+from optuna_quant.trial.guidance import set_prior as guide_prior
 from optuna_quant.trial.reference import measure_reference
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.reference import store_reference
@@ -83,24 +86,24 @@ class TrialSettings:
 class QuantizationObjective:
     """The Optuna objective that tunes int8 quantization of one model.
 
+    ``model``, ``calibration_data``, ``eval_fn``, ``benchmark``, ``fp32_accuracy``,
+    ``eval_subset_size``, ``pre_process`` and ``latency_data`` go to the
+    :class:`~optuna_quant.measure.measurer.Measurer`, which documents them.
+
     Args:
-        model: An ONNX model: a path or an ``onnx.ModelProto``.
-        calibration_data: Iterable of ``{input_name: array}`` (or arrays, for a single input).
-        eval_fn: ``eval_fn(session) -> float``, higher is better. It may take ``subset_size``.
         targets: The accuracy and latency targets and loss weights.
         scopes: The tuning scopes that vary (see :mod:`optuna_quant.trial.space`).
         nodes: Restrict the ``layer`` scope to these node names (default: every quantizable node).
+        layer_groups: ``"block"`` or ``"role"``: one ``layer`` parameter per group of a
+            transformer's layers (:mod:`optuna_quant.quantization.groups`); ``None``: one per node.
+        module_of_node: The module name of each node of a ``torch.nn.Module`` export, which the
+            groups are read from where it names them.
         space: A ready search space; overrides ``scopes`` and ``nodes``.
-        benchmark: How latency is measured.
-        fp32_accuracy: The fp32 baseline (POT's ``metrics``); skips the fp32 evaluation.
-        eval_subset_size: Evaluate every model on the first N samples only.
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
         heartbeat: This worker's heartbeat, which ends a wait on a dead worker's trial; none
             needed for a single process.
-        pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` before quantizing
-            (:class:`~optuna_quant.measure.measurer.Measurer`).
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
 
@@ -111,8 +114,7 @@ class QuantizationObjective:
         scaling: The loss scaling, once the reference is known in this process.
 
     Raises:
-        FileNotFoundError, TypeError, ValueError: For a bad model, calibration data or setting;
-            raised here, before any trial runs.
+        FileNotFoundError, TypeError, ValueError: Those of the ``Measurer``, before any trial runs.
     """
 
     def __init__(
@@ -132,8 +134,11 @@ class QuantizationObjective:
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
         heartbeat: Heartbeat | None = None,
-        pre_process: bool = True,
+        pre_process: bool | str = True,
         guided: bool = False,
+        latency_data: Any = None,
+        layer_groups: str | None = None,
+        module_of_node: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = TrialSettings(stop_on_target=stop_on_target, objective_mode=objective_mode, guided=guided)
         self.measurer = Measurer(
@@ -144,8 +149,11 @@ class QuantizationObjective:
             fp32_accuracy=fp32_accuracy,
             eval_subset_size=eval_subset_size,
             pre_process=pre_process,
+            latency_data=latency_data,
         )
-        self.space = space or SearchSpace.from_model(self.measurer.prepared.prepared, scopes=scopes, nodes=nodes)
+        self.space = space or SearchSpace.from_model(
+            self.measurer.prepared.prepared, scopes=scopes, nodes=nodes, layer_groups=layer_groups, module_of_node=module_of_node
+        )
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext
         self.heartbeat = heartbeat
@@ -213,7 +221,7 @@ class QuantizationObjective:
             max_trials: The study's budget, for the log lines and the start-up trials.
         """
         study = trial.study
-        records.start_trial(trial)
+        records.start_trial(trial, self.measurer.cpu.int8_class, self.measurer.cpu.onnxruntime_version)
         if records.is_reference(trial):
             if records.reference_scaling(study) is None:
                 return self._run_reference(trial, max_trials)
@@ -223,7 +231,12 @@ class QuantizationObjective:
         params = self.space.suggest(trial)
         total = "?" if max_trials is None else max_trials
         _logger.info("Trial iteration start: %d / %s", trial.number, total)
-        previous, seen = claim(study, trial, params, self.lock, self.heartbeat)
+        forbidden = failures.forbidden_in(study, params)
+        if forbidden is not None:  # drawn by a sampler that does not read the study's prior
+            error = failures.ForbiddenChoiceError(forbidden)
+            records.record_failure(trial, error)
+            raise error
+        previous, seen = claim(study, trial, params, self.space, self.lock, self.heartbeat)
         if previous is not None:
             records.copy_result(trial, previous)
             _logger.info(
@@ -241,6 +254,7 @@ class QuantizationObjective:
             measurement = self.measure(params)
         except Exception as err:
             records.record_failure(trial, err)
+            self._learn(study, params, trial.number)
             raise
         loss = self.loss(measurement)
         self.record(trial, measurement, loss)
@@ -252,6 +266,12 @@ class QuantizationObjective:
         )
         self._log_end(seen, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
         return self.values(measurement.acc_loss, measurement.lat_diff, loss)
+
+    def _learn(self, study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
+        """Find which choices of the failed ``params`` fail alone, and have the study drop them."""
+        found = failures.culprits(self.measurer, self.space, params, number)
+        if failures.forbid(study, self.lock, found):  # this process's sampler at once; others before their next trial
+            guide_prior(study.sampler, study, self.targets, self.space, self.settings.guided)
 
     def _run_reference(self, trial: optuna.Trial, max_trials: int | None) -> float | list[float]:
         """Measure the reference as ``trial`` (a queued reference trial) and store its scaling once."""

@@ -2,8 +2,9 @@
 
 Study user attrs, written when the study is made (:func:`share_records`) or by its reference
 trial, then only read: the search space, the targets, the model's fingerprint, the node-to-module
-map of a torch model, the fp32 accuracy and latency, the loss scaling of the reference, and the
-per-layer sensitivity measured after it (:mod:`optuna_quant.trial.guidance`). Trial user attrs:
+map of a torch model, the fp32 accuracy and latency, the loss scaling of the reference, the
+per-layer sensitivity measured after it (:mod:`optuna_quant.trial.guidance`), and the choices
+learnt to fail (:class:`ForbiddenChoice`, :mod:`optuna_quant.trial.failures`). Trial user attrs:
 the measurement (``acc_loss``, ``lat_diff``...), its loss, the worker that ran the trial, the
 reference flag, the trial a duplicate copied and the reason of a failure. No other module names a
 key: the rest of the package reads the records through the readers here.
@@ -18,9 +19,9 @@ Example:
     >>> from optuna_quant.trial.space import SearchSpace
     >>> study = optuna.create_study()
     >>> space = SearchSpace(nodes=("conv",), scopes=frozenset({"layer"}))
-    >>> share_records(study, space=space, fingerprint="abc", targets=Targets()) == space
+    >>> share_records(study, space=space, fingerprint="abc", targets=Targets(), int8_class="x86-vnni") == space
     True
-    >>> share_records(study, space=space, fingerprint="other", targets=Targets())
+    >>> share_records(study, space=space, fingerprint="other", targets=Targets(), int8_class="x86-vnni")
     Traceback (most recent call last):
     ...
     ValueError: Study 'no-name-...' was made with another model sha256 ('abc', here 'other'); use another study name or cold_start.
@@ -29,6 +30,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
+from dataclasses import dataclass
 import os
 import socket
 from typing import Any
@@ -54,6 +57,9 @@ DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
+FORBIDDEN_KEY = "forbidden_choices"
+INT8_CLASS_KEY = "int8_class"
+ONNXRUNTIME_KEY = "onnxruntime"
 # The measurement's keys: :meth:`optuna_quant.measure.measurer.Measurement.user_attrs` writes
 # them, in a layer below this one; the objective adds the loss.
 ACC_LOSS_KEY = "acc_loss"
@@ -63,7 +69,7 @@ LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
-_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY)
+_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY, INT8_CLASS_KEY, ONNXRUNTIME_KEY)
 
 
 def share_records(
@@ -72,6 +78,7 @@ def share_records(
     space: SearchSpace,
     fingerprint: str,
     targets: Targets,
+    int8_class: str,
     node_modules: Mapping[str, str] | None = None,
 ) -> SearchSpace:
     """Check ``study``'s records against a worker's, then store those it lacks; the study's space.
@@ -81,10 +88,12 @@ def share_records(
     it cannot find again.
 
     Raises:
-        ValueError: If the study was made for another model, targets or search space.
+        ValueError: If the study was made for another model, targets, search space or CPU int8
+            class (:func:`check_int8_class`).
     """
+    check_int8_class(study, int8_class)
     attrs = study.user_attrs
-    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict()}
+    own: dict[str, Any] = {MODEL_KEY: fingerprint, TARGETS_KEY: targets.to_dict(), INT8_CLASS_KEY: int8_class}
     for key, value in own.items():
         if key in attrs and attrs[key] != value:
             raise ValueError(
@@ -97,7 +106,7 @@ def share_records(
         differing = sorted(name for name in theirs.keys() | ours.keys() if theirs.get(name) != ours.get(name))
         raise ValueError(
             f"Study {study.study_name!r} was made with another search space: parameter(s) {differing} "
-            "differ; give the study's scopes and nodes, or use another study name or cold_start."
+            "differ; give the study's scopes, nodes and layer_groups, or use another study name or cold_start."
         )
     own[SPACE_KEY] = stored.to_dict()
     if node_modules:
@@ -106,6 +115,30 @@ def share_records(
         if key not in attrs:
             study.set_user_attr(key, value)
     return stored
+
+
+def check_int8_class(study: optuna.Study, int8_class: str) -> None:
+    """Refuse a worker whose CPU is of another int8 class than the one ``study`` is tuned on.
+
+    Latency, and the accuracy of an int8 model, differ between classes
+    (:mod:`optuna_quant.measure.cpu`): mixed in one study, trials would not compare.
+
+    Raises:
+        ValueError: If the study records another class; it names both and what to do instead.
+    """
+    stored = stored_int8_class(study)
+    if stored is not None and stored != int8_class:
+        raise ValueError(
+            f"Study {study.study_name!r} is tuned on CPUs of int8 class {stored!r}; this machine's is "
+            f"{int8_class!r}, whose latency and int8 accuracy differ: its trials would not compare. Run "
+            "this worker on a machine of that class, or tune this class in a study of its own (another "
+            "study_name, or fine_tune around the stored best)."
+        )
+
+
+def stored_int8_class(study: optuna.Study) -> str | None:
+    """The CPU int8 class ``study`` is tuned on (every trial's), or ``None`` before its first worker."""
+    return study.user_attrs.get(INT8_CLASS_KEY)
 
 
 def stored_space(study: optuna.Study) -> SearchSpace:
@@ -217,9 +250,30 @@ def reference_trial(
     )
 
 
-def start_trial(trial: optuna.Trial) -> None:
-    """Name this process as the worker of ``trial`` (a retried trial names the dead one)."""
+def start_trial(trial: optuna.Trial, int8_class: str, onnxruntime_version: str) -> None:
+    """Name this process as the worker of ``trial`` (a retried trial names the dead one), with
+    its CPU's int8 class and its onnxruntime."""
     trial.set_user_attr(WORKER_KEY, WORKER)
+    trial.set_user_attr(INT8_CLASS_KEY, int8_class)
+    trial.set_user_attr(ONNXRUNTIME_KEY, onnxruntime_version)
+
+
+def provenance(trial: FrozenTrial) -> dict[str, Any]:
+    """What an exported model of ``trial`` says of itself: the trial, what it measured, and the
+    CPU int8 class and onnxruntime it was measured with (the figures hold for that class only)."""
+    attrs = trial.user_attrs
+    return {
+        "study_trial": trial.number,
+        ACC_LOSS_KEY: attrs.get(ACC_LOSS_KEY),
+        LAT_DIFF_KEY: attrs.get(LAT_DIFF_KEY),
+        INT8_CLASS_KEY: attrs.get(INT8_CLASS_KEY),
+        ONNXRUNTIME_KEY: attrs.get(ONNXRUNTIME_KEY),
+    }
+
+
+def worker_int8_class(trial: FrozenTrial) -> str | None:
+    """The CPU int8 class of the worker that ran ``trial`` (``None`` for a trial of optuna-quant 0.1)."""
+    return trial.user_attrs.get(INT8_CLASS_KEY)
 
 
 def claim(trial: optuna.Trial) -> None:
@@ -277,3 +331,42 @@ def copy_result(trial: optuna.Trial, previous: FrozenTrial) -> None:
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:
     """Keep why ``trial`` failed where the dashboard shows it: Optuna records no reason."""
     trial.set_user_attr(FAIL_REASON_KEY, f"{type(err).__name__}: {err}")
+
+
+@dataclass(frozen=True)
+class ForbiddenChoice:
+    """A choice that fails on this model whatever the rest of the configuration, so the study
+    no longer draws it (:mod:`optuna_quant.trial.failures`).
+
+    Attributes:
+        param: The parameter.
+        choice: Its failing value.
+        reason: The failure, ``"<exception type>: <message>"``.
+        trial: The trial whose failure found it; ``None`` when the sensitivity measurement did.
+    """
+
+    param: str
+    choice: Any
+    reason: str
+    trial: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.param}={self.choice!r}"
+
+
+def forbid_choice(study: optuna.Study, forbidden: ForbiddenChoice) -> bool:
+    """Store ``forbidden`` unless the study knows that choice already (call under the study lock).
+
+    Returns:
+        Whether it was new.
+    """
+    known = study.user_attrs.get(FORBIDDEN_KEY, [])
+    if any(entry["param"] == forbidden.param and entry["choice"] == forbidden.choice for entry in known):
+        return False
+    study.set_user_attr(FORBIDDEN_KEY, [*known, asdict(forbidden)])
+    return True
+
+
+def forbidden_choices(study: optuna.Study) -> list[ForbiddenChoice]:
+    """The choices :func:`forbid_choice` stored, in the order they were found."""
+    return [ForbiddenChoice(**entry) for entry in study.user_attrs.get(FORBIDDEN_KEY, [])]

@@ -86,7 +86,8 @@ def scope_scores(
     """Scores of the choices of the other parameters, from the lowest all-int8 error of any
     combination with each choice, within :data:`SCORE_RANGE`.
 
-    A choice scores ``lowest error / its error``: the choices that quantize with the least error
+    A choice scores ``lowest error / its error`` (failed combinations left out): the choices that
+    quantize with the least error
     lead; one ten times worse is unlikely. When the reference (the first entry) meets the
     ``accuracy_target`` with its ``acc_loss`` (fractions), a choice scores ``target / its predicted
     loss`` instead, the loss predicted as ``acc_loss`` times its error over the reference's, and
@@ -107,11 +108,13 @@ def scope_scores(
     """
     best: dict[str, dict[Any, float]] = {}
     for entry in scope_errors:
+        if entry["error"] is None:
+            continue  # failed: a choice that fails alone is forbidden apart (trial/failures.py)
         for name, choice in entry["params"].items():
             by_choice = best.setdefault(name, {})
             by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
     lowest = lowest_error(scope_errors)["error"]
-    reference = scope_errors[0]["error"]
+    reference = scope_errors[0]["error"] or 0.0  # None: the reference's build failed here
 
     def score(error: float) -> float:
         if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
@@ -168,7 +171,7 @@ def choice_scores(
     scores: dict[str, dict[Any, float]] = {}
     if scope_errors:
         scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))
-        reference = scope_errors[0]["error"]
+        reference = scope_errors[0]["error"] or 0.0
         acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
     # A configuration that loses nothing leaves no accuracy to buy back; a revert that adds
     # output error (noise) buys none either.

@@ -1,8 +1,10 @@
 """The Optuna search space of a model: which nodes fall back to fp32, and how to quantize.
 
-Five tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
+Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
 
-- ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback);
+- ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback); or, on a
+  transformer, one per group of layers (``layer_groups="block"`` or ``"role"``,
+  :mod:`optuna_quant.quantization.groups`), which keeps the whole group in fp32 or int8;
 - ``range_estimator``: the activation calibration method;
 - ``granularity``: weights per-channel or per-tensor;
 - ``mode``: two parameters, ``activation_mode`` and ``weight_mode``, each symmetric or
@@ -10,14 +12,19 @@ Five tuning scopes, named as in OpenVINO POT where POT has the scope, each one s
   force zero point 128 and waste half the range after a ReLU). Weights are int8 either way, with
   zero point 0 when symmetric (uint8 weights ran at half the speed on the demo model);
 - ``op_types``: which operator types get Q/DQ (:func:`optuna_quant.quantization.config.op_type_sets`): only the compute-heavy
-  ones, onnxruntime's QDQ registry, or everything ``quantize_static`` quantizes by default.
+  ones, onnxruntime's QDQ registry, or everything ``quantize_static`` quantizes by default;
+- ``approach``: static Q/DQ or dynamic (activations quantized at run time), on a model where
+  dynamic quantizes something (:func:`optuna_quant.quantization.config.approach_choices`).
 
 Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
 recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
-compute-heavy operators only), so that the default configuration (every node int8, first choice
-of every other scope) is the reference trial of the loss. Scopes that are switched off keep the
-value of the space's ``base`` configuration, which is how ``fine_tune`` narrows a space around an
-earlier best result.
+compute-heavy operators only; dynamic first on a model without convolutions), so that the
+default configuration (every node int8, first choice of every other scope) is the reference
+trial of the loss. A scope with a single choice on the model has no parameter. Scopes that are
+switched off keep the value of the space's ``base`` configuration, which is how ``fine_tune``
+narrows a space around an earlier best result. Parameters that the approach ignores (the range
+estimator under dynamic, say) give equal configurations (:meth:`SearchSpace.to_config`), which
+the duplicate check and the claim of a running trial compare.
 
 Example:
     >>> space = SearchSpace(nodes=("conv1", "fc"), scopes=frozenset({"layer", "granularity"}))
@@ -39,6 +46,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import BaseTrial
 
 from optuna_quant.quantization.config import ACTIVATION_MODES
+from optuna_quant.quantization.config import approach_choices
+from optuna_quant.quantization.config import APPROACHES
+from optuna_quant.quantization.config import dynamic_nodes
+from optuna_quant.quantization.config import effective_config
 from optuna_quant.quantization.config import GRANULARITIES
 from optuna_quant.quantization.config import op_type_choices
 from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
@@ -48,8 +59,9 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.config import WEIGHT_MODES
+from optuna_quant.quantization.groups import layer_groups as read_layer_groups
 
-SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types")
+SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach")
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
 LAYER_PREFIX = "layer:"
 
@@ -63,12 +75,20 @@ class SearchSpace:
         scopes: The tuning scopes that vary; the others keep ``base``'s values.
         base: The configuration that switched-off scopes take their values from.
         op_types: The choices of the ``op_types`` scope (among :data:`~optuna_quant.quantization.config.OP_TYPE_SET_NAMES`).
+        approaches: The choices of the ``approach`` scope, the reference first (among
+            :data:`~optuna_quant.quantization.config.APPROACHES`).
+        dynamic_nodes: The quantizable nodes that the dynamic approach quantizes.
+        groups: The ``layer`` scope's groups, ``(name, nodes)`` each, which split ``nodes``
+            between them; none: one parameter per node.
     """
 
     nodes: tuple[str, ...]
     scopes: frozenset[str] = frozenset(SCOPES)
     base: QuantConfig = field(default_factory=QuantConfig)
     op_types: tuple[str, ...] = OP_TYPE_SET_NAMES
+    approaches: tuple[str, ...] = APPROACHES[:1]
+    dynamic_nodes: tuple[str, ...] = ()
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.scopes) - set(SCOPES)
@@ -81,6 +101,20 @@ class SearchSpace:
         foreign = [name for name in self.op_types if name not in OP_TYPE_SET_NAMES]
         if foreign or not self.op_types:
             raise ValueError(f"op_types choices {list(self.op_types)} must be among {OP_TYPE_SET_NAMES}.")
+        if not self.approaches or not set(self.approaches) <= set(APPROACHES):
+            raise ValueError(f"approach choices {list(self.approaches)} must be among {APPROACHES}.")
+        grouped = [node for _, nodes in self.groups for node in nodes]
+        if self.groups and (sorted(grouped) != sorted(self.nodes) or len(dict(self.groups)) != len(self.groups)):
+            raise ValueError("The layer groups must have distinct names and hold every node of the space once.")
+
+    def units(self) -> dict[str, tuple[str, ...]]:
+        """What each parameter of the ``layer`` scope switches, by name: a group's nodes, or one node.
+
+        Example:
+            >>> SearchSpace(nodes=("q0", "q1", "fc"), groups=(("query", ("q0", "q1")), ("fc", ("fc",)))).units()
+            {'query': ('q0', 'q1'), 'fc': ('fc',)}
+        """
+        return dict(self.groups) if self.groups else {node: (node,) for node in self.nodes}
 
     @classmethod
     def from_model(
@@ -88,16 +122,28 @@ class SearchSpace:
         model: onnx.ModelProto,
         scopes: Iterable[str] = SCOPES,
         nodes: Iterable[str] | None = None,
+        layer_groups: str | None = None,
+        module_of_node: Mapping[str, str] | None = None,
     ) -> SearchSpace:
         """The space of ``model``: every quantizable node, or only ``nodes``.
 
         Build it from the model that is quantized (the prepared one, see
         :func:`optuna_quant.quantization.prepare.prepare_model`): preparation renames and removes nodes.
 
+        Args:
+            model: The model that is quantized.
+            scopes: The scopes that vary.
+            nodes: The nodes of the ``layer`` scope; default every quantizable node.
+            layer_groups: ``"block"`` or ``"role"`` for one ``layer`` parameter per group of
+                :func:`optuna_quant.quantization.groups.layer_groups` (of ``nodes``); ``None``
+                for one per node.
+            module_of_node: The module name of each node, for a ``torch.nn.Module`` export:
+                the groups are read from it where it names the block and the role.
+
         Raises:
             ValueError: If the model has no quantizable node in its top-level graph (the message
-                names those inside ``If``/``Loop``/``Scan`` bodies), or ``nodes`` names a node that
-                is not a quantizable node of the model.
+                names those inside ``If``/``Loop``/``Scan`` bodies), ``nodes`` names a node that
+                is not a quantizable node of the model, or ``layer_groups`` is unknown.
         """
         available = quantizable_nodes(model)
         if not available:
@@ -122,14 +168,28 @@ class SearchSpace:
                     f"Node(s) {missing} are not quantizable nodes of the model; "
                     f"quantizable nodes are {list(available)}."
                 )
-        return cls(nodes=chosen, scopes=frozenset(scopes), op_types=op_type_choices(model))
+        approaches = approach_choices(model)
+        groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        if layer_groups is not None:
+            kept = set(chosen)
+            every = read_layer_groups(model, layer_groups, module_of_node)
+            groups = tuple((name, tuple(n for n in group if n in kept)) for name, group in every.items() if kept & set(group))
+        return cls(
+            nodes=chosen,
+            scopes=frozenset(scopes),
+            base=QuantConfig(approach=approaches[0]),  # the model's reference also with the scope off
+            op_types=op_type_choices(model),
+            approaches=approaches,
+            dynamic_nodes=dynamic_nodes(model),
+            groups=groups,
+        )
 
     def distributions(self) -> dict[str, CategoricalDistribution]:
         """The Optuna distributions of the space, by parameter name."""
         dists: dict[str, CategoricalDistribution] = {}
         if "layer" in self.scopes:
-            for node in self.nodes:
-                dists[LAYER_PREFIX + node] = CategoricalDistribution(LAYER_CHOICES)
+            for unit in self.units():
+                dists[LAYER_PREFIX + unit] = CategoricalDistribution(LAYER_CHOICES)
         if "range_estimator" in self.scopes:
             dists["range_estimator"] = CategoricalDistribution(RANGE_ESTIMATORS)
         if "granularity" in self.scopes:
@@ -139,6 +199,8 @@ class SearchSpace:
             dists["weight_mode"] = CategoricalDistribution(WEIGHT_MODES)
         if "op_types" in self.scopes:
             dists["op_types"] = CategoricalDistribution(self.op_types)
+        if "approach" in self.scopes and len(self.approaches) > 1:
+            dists["approach"] = CategoricalDistribution(self.approaches)
         return dists
 
     def suggest(self, trial: BaseTrial) -> dict[str, Any]:
@@ -153,19 +215,22 @@ class SearchSpace:
         return {name: dist.choices[0] for name, dist in self.distributions().items()}
 
     def to_config(self, params: Mapping[str, Any]) -> QuantConfig:
-        """The configuration that ``params`` describe within this space.
+        """The configuration that ``params`` describe within this space, as its approach builds
+        it (:func:`~optuna_quant.quantization.config.effective_config`): params that differ only
+        where the approach does not look give equal configurations.
 
         Raises:
             ValueError: If a parameter is missing or has a value outside its choices.
         """
-        for name, dist in self.distributions().items():
+        distributions = self.distributions()
+        for name, dist in distributions.items():
             if name not in params:
                 raise ValueError(f"Parameter {name!r} is missing from {dict(params)!r}.")
             if params[name] not in dist.choices:
                 raise ValueError(f"Parameter {name!r} has value {params[name]!r}, not one of {dist.choices}.")
         config = self.base
         if "layer" in self.scopes:
-            fallback = {n for n in self.nodes if params[LAYER_PREFIX + n] == "fp32"}
+            fallback = {n for unit, nodes in self.units().items() if params[LAYER_PREFIX + unit] == "fp32" for n in nodes}
             config = replace(config, fallback=frozenset(fallback | (config.fallback - set(self.nodes))))
         if "range_estimator" in self.scopes:
             config = replace(config, range_estimator=params["range_estimator"])
@@ -179,7 +244,9 @@ class SearchSpace:
             )
         if "op_types" in self.scopes:
             config = replace(config, op_types=params["op_types"])
-        return config
+        if "approach" in distributions:
+            config = replace(config, approach=params["approach"])
+        return effective_config(config, self.dynamic_nodes)
 
     def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
         """A space around ``best`` in which only ``scopes`` vary (POT's ``fine_tune``)."""
@@ -191,8 +258,12 @@ class SearchSpace:
             "nodes": list(self.nodes),
             "scopes": sorted(self.scopes),
             "op_types": list(self.op_types),
+            "approaches": list(self.approaches),
+            "dynamic_nodes": list(self.dynamic_nodes),
+            "groups": {name: list(nodes) for name, nodes in self.groups},
             "base": {
                 "fallback": sorted(self.base.fallback),
+                "approach": self.base.approach,
                 "range_estimator": self.base.range_estimator,
                 "per_channel": self.base.per_channel,
                 "activation_symmetric": self.base.activation_symmetric,
@@ -211,4 +282,8 @@ class SearchSpace:
             scopes=frozenset(data["scopes"]),
             base=QuantConfig(**base),
             op_types=tuple(data["op_types"]),
+            # Spaces stored before the approach scope: static only.
+            approaches=tuple(data.get("approaches", APPROACHES[:1])),
+            dynamic_nodes=tuple(data.get("dynamic_nodes", ())),
+            groups=tuple((name, tuple(nodes)) for name, nodes in data.get("groups", {}).items()),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+import logging
 from pathlib import Path
 
 import optuna
@@ -126,3 +127,28 @@ def test_a_completed_trial_is_logged_as_optimize_logs_it(storage: BaseStorage, c
     finally:
         optuna.logging.disable_propagation()
     assert f"Trial {frozen.number} finished with value: 1.5" in caplog.text
+
+
+def test_the_lines_per_trial_come_from_their_loggers_and_are_summed_up(caplog) -> None:
+    from optuna_quant import logs
+
+    logs.compact_trial_lines(map(logging.getLogger, private.TRIAL_LINE_LOGGERS), "layer:")
+    params = {f"layer:node_MatMul_{i}": "fp32" if i in (3, 7) else "int8" for i in range(48)}
+
+    def objective(trial: optuna.Trial) -> float:
+        fp32 = sum(trial.suggest_categorical(name, [value]) == "fp32" for name, value in params.items())
+        if trial.number == 1:
+            raise ValueError("supplied range of {-inf, inf} is not finite")  # braces in the reason too
+        return fp32
+
+    study = optuna.create_study()
+    with caplog.at_level(logging.INFO, logger="optuna"):
+        study.optimize(objective, n_trials=2, catch=(ValueError,))
+    lines = [r.getMessage() for r in caplog.records if r.name in private.TRIAL_LINE_LOGGERS]
+    summed = "{'layer': '48 layers: 46 int8, 2 fp32 (node_MatMul_3, node_MatMul_7)'}"
+    # Optuna's forms: another one would come through unchanged, 48 parameters long.
+    assert f"Trial 0 finished with value: 2.0 and parameters: {summed}. Best is trial 0 with value: 2.0." in lines
+    assert (
+        f"Trial 1 failed with parameters: {summed} because of the following error: "
+        "ValueError('supplied range of {-inf, inf} is not finite')."
+    ) in lines

@@ -287,3 +287,10 @@ def test_best_and_report_check_their_output_before_writing(tuned, capsys) -> Non
     )
     assert main(["report", str(tuned), "--out", str(tuned.parent)]) == 2
     assert f"--out: cannot write {tuned.parent}: {tuned.parent} is a folder, not a file." in capsys.readouterr().err
+
+
+def test_probe_times_on_the_latency_data_of_the_config(tmp_path, cnn, calib, agreement, capsys) -> None:
+    np.save(tmp_path / "batch8.npy", np.concatenate(calib)[:8])
+    config = write_project(tmp_path, cnn, calib, agreement, latency_data="batch8.npy")
+    assert main(["probe", str(config)]) == 0
+    assert "  timed on:          input 8x3x12x12\n" in capsys.readouterr().out

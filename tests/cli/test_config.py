@@ -12,7 +12,6 @@ import yaml
 
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import load_config
-from optuna_quant.cli.config import unwritable
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.storages.urls import sqlite_file
 
@@ -49,6 +48,9 @@ def test_unknown_key_names_key_file_and_closest(tmp_path) -> None:
         ("benchmark", 3, "a mapping"),
         ("metrics", "0.98", "a number or a list"),
         ("objective_mode", "both", "one of loss, pareto"),
+        ("layer_groups", "heads", "one of block, role"),
+        ("pre_process", "bert", "true, false or transformer"),
+        ("latency_data", 8, "a .npy/.npz file or an entry point"),
     ],
 )
 def test_wrong_type_names_the_key(tmp_path, key, value, expected) -> None:
@@ -186,14 +188,13 @@ def test_a_run_needs_a_budget_and_writable_outputs(tmp_path) -> None:
         load_config(_write(tmp_path, {"max_trials": 3, "storage": "sqlite:///taken/s.db"})).check_run()
 
 
-def test_unwritable_says_why_without_creating_anything(tmp_path) -> None:
-    assert unwritable(tmp_path / "a" / "b" / "model.onnx") is None
-    assert unwritable(tmp_path / "a" / "store", folder=True) is None
-    assert list(tmp_path.iterdir()) == []
-    existing = tmp_path / "model.onnx"
-    existing.write_bytes(b"old")
-    assert unwritable(existing) is None and existing.read_bytes() == b"old"
-    assert unwritable(tmp_path) == f"{tmp_path} is a folder, not a file"
-    assert unwritable(existing, folder=True) == f"{existing} is a file, not a folder"
-    # A file system that refuses writes even to the superuser.
-    assert unwritable("/proc/self/model.onnx") is not None
+def test_latency_data_is_one_feed_from_a_file_as_it_is(tmp_path, cnn_path, calib) -> None:
+    np.save(tmp_path / "calib.npy", np.concatenate(calib))
+    np.savez(tmp_path / "eval.npz", inputs=np.concatenate(calib), labels=np.arange(len(calib)))
+    np.savez(tmp_path / "batch8.npz", input=np.zeros((8, 3, 12, 12), np.float32))
+    base = {"model": str(cnn_path), "calibration_data": "calib.npy", "eval_data": "eval.npz"}
+    kwargs = load_config(_write(tmp_path, {**base, "latency_data": "batch8.npz"})).measure_kwargs()
+    assert set(kwargs["latency_data"]) == {"input"} and kwargs["latency_data"]["input"].shape == (8, 3, 12, 12)
+    assert "latency_data" not in load_config(_write(tmp_path, base)).measure_kwargs()
+    with pytest.raises(ConfigError, match=r"latency_data: file .*batch9\.npz does not exist"):
+        load_config(_write(tmp_path, {**base, "latency_data": "batch9.npz"})).measure_kwargs()

@@ -14,12 +14,12 @@ import pytest
 import optuna_quant as oq
 from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.trial.objective import Measurement
-from optuna_quant.cli.probe import int8_support
-from optuna_quant.cli.probe import Int8Support
+from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import ProbeReport
 from optuna_quant.cli.probe import run_probe
-from optuna_quant.cli.probe import slow_int8_causes
+from optuna_quant.measure.int8_causes import slow_int8_causes
 from optuna_quant.cli.probe import suggest_targets
 
 NO_VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx2",))
@@ -39,6 +39,18 @@ def test_int8_support_reads_the_cpu_flags(tmp_path) -> None:
     assert int8_support(arm).instruction_sets == ("asimddp",) and int8_support(arm).dot_product
     assert int8_support(tmp_path / "missing").instruction_sets == ()
     assert "int8 instructions: none of amx_int8" in int8_support(tmp_path / "missing").describe()
+
+
+@pytest.mark.parametrize(
+    "flags, int8_class",
+    [("avx2 avx512bw avx512_vnni amx_int8", "x86-amx"), ("avx2 avx_vnni", "x86-vnni"), ("avx2 avx512bw", "x86-avx512"),
+     ("sse4_2 avx2", "x86-avx2"), ("sse4_2", "other"), ("asimd asimddp", "arm-dotprod"), ("asimddp i8mm", "arm-i8mm")],
+)
+def test_the_int8_class_is_named_by_the_fastest_int8_instructions(tmp_path, flags, int8_class) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"flags\t\t: fpu {flags}\n")
+    assert int8_support(cpuinfo).int8_class == int8_class
+    assert int8_support(cpuinfo).describe().endswith(f"(class {int8_class})")
 
 
 def test_suggested_targets_follow_the_reference() -> None:
@@ -121,3 +133,46 @@ def test_report_says_why_int8_is_slow_and_shows_the_sensitivity() -> None:
     start = lines.index("  most sensitive layers (accuracy cost of int8, time it saves):")
     assert lines[start + 1].split() == ["fc", "acc_cost", "0.0300", "time_saved", "0.050", "ms"]
     assert lines[start + 2].split()[0] == "conv1"
+
+
+def test_the_causes_on_a_transformer_come_from_its_graph_its_profile_and_the_cpu(
+    cnn, bert_path, bert_feeds, bert_agreement, fast_bench, tmp_path
+) -> None:
+    objective = oq.QuantizationObjective(str(bert_path), bert_feeds, bert_agreement, benchmark=fast_bench)
+    report = run_probe(objective)
+    causes = report.slow_int8_causes
+
+    def cause(start: str) -> str:
+        return next(c for c in causes if c.startswith(start))
+
+    # What stays fp32 between the int8 MatMuls of the tiny BERT's two layers, with its measured share.
+    fp32 = cause("operators that run in fp32 between the int8 MatMuls")
+    for ops in ("Add (22)", "LayerNormalization (5)", "Softmax (2)", "Erf (2)"):
+        assert ops in fp32
+    assert "; measured: " in fp32 and "ms of the int8 model's" in fp32
+    # Dynamic leaves attention's MatMuls of two activations fp32; the mask path stays fp32 either way.
+    attention = cause("attention in fp32: 4 of its 4 MatMuls of two activations")
+    assert "attention-mask path" in attention and "Softmax (2)" in attention
+    # The reference of a transformer is dynamic: one DynamicQuantizeLinear per distinct MatMul
+    # input (query, key and value share theirs), 4 a layer.
+    assert cause("the dynamic approach: 8 DynamicQuantizeLinear")
+    assert cause("attention not fused")
+    # This CPU, said as it is: never whether int8 is faster.
+    assert any(c.startswith("this CPU has no int8 dot-product") for c in causes) == (not int8_support().dot_product)
+    assert all(c in report.report() for c in report.found_causes)
+    # The CPU read from a cpuinfo file, and the static approach's conversions.
+    static = objective.build({**objective.space.default_params(), "approach": "static"})
+    no_vnni, vnni = tmp_path / "no_vnni", tmp_path / "vnni"
+    no_vnni.write_text("flags\t\t: fpu sse2 avx2 avx512bw\n")
+    vnni.write_text("flags\t\t: fpu sse2 avx2 avx512bw avx512_vnni\n")
+    found = slow_int8_causes(objective.measurer.model, int8_support(no_vnni), static)
+    assert found[0].startswith("this CPU has no int8 dot-product instructions")
+    assert any(c.startswith("the static approach: ") and "QuantizeLinear" in c for c in found)
+    static_attention = next(c for c in found if c.startswith("attention in fp32: "))
+    assert "attention-mask path" in static_attention
+    assert not static_attention.startswith("attention in fp32: 4 of")  # Q/DQ quantizes some of them
+    assert not any("measured:" in c for c in found)  # no profile given
+    found = slow_int8_causes(objective.measurer.model, int8_support(vnni), static)
+    assert "(not the cause here) no int8 dot-product instructions (VNNI, AMX): this CPU has them" in found
+    # A CNN has none of them.
+    assert not any("attention" in c for c in slow_int8_causes(cnn, VNNI))

@@ -213,13 +213,9 @@ def _interrupt_then_warm_start(crew: Crew) -> None:
     crew.finish("the warm-start worker")
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "journal", "grpc"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/study.db"
-    if request.param == "journal":
-        return f"journal:{tmp_path}/study.log"
-    return request.getfixturevalue({"postgresql": "postgres_url", "mariadb": "mariadb_url", "grpc": "grpc_url"}[request.param])
+@pytest.fixture
+def url(shared_url: str) -> str:
+    return shared_url
 
 
 def test_workers_killed_at_random_points_lose_nothing(url: str) -> None:

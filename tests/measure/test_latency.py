@@ -16,6 +16,8 @@ import pytest
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.measure.latency import measure_latency
+from optuna_quant.measure.measurer import Measurer
+from optuna_quant.quantization.config import QuantConfig
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +103,42 @@ def test_new_settings_from_a_config_mapping() -> None:
 def test_bad_settings_name_the_key(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         BenchmarkSettings(**kwargs)
+
+
+def _tokens(batch: int, sequence: int) -> dict[str, np.ndarray]:
+    ids = np.arange(1, batch * sequence + 1, dtype=np.int64).reshape(batch, sequence) % 100 + 1
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def test_every_timing_runs_on_the_latency_data_given(bert_path, bert_feeds, bert_agreement, fast_bench) -> None:
+    measurer = Measurer(str(bert_path), bert_feeds, bert_agreement, benchmark=fast_bench, latency_data=_tokens(4, 48))
+    measurement = measurer.measure(QuantConfig(approach="dynamic"))
+    timed = "input_ids 4x48, attention_mask 4x48, token_type_ids 4x48"
+    assert measurement.latency.feed == timed and measurement.user_attrs()["latency_feed"] == timed
+    # Without it, the first calibration sample (benchmark.batch_size of them).
+    default = Measurer(str(bert_path), bert_feeds, bert_agreement, benchmark=fast_bench)
+    sequence = bert_feeds[0]["input_ids"].shape[1]
+    assert default.measure(QuantConfig(approach="dynamic")).latency.feed.startswith(f"input_ids 1x{sequence},")
+
+
+@pytest.mark.parametrize(
+    "latency_data, message",
+    [
+        ({"input_ids": np.ones((1, 8), np.int64)}, r"latency_data has inputs \['input_ids'\] but the model expects"),
+        ({**_tokens(1, 8), "input_ids": np.full((1, 8), 1.5)}, "latency_data: input 'input_ids' is int64 but the data is float64 with fractional"),
+        ({**_tokens(1, 8), "input_ids": np.ones(8, np.int64)}, r"latency_data: input 'input_ids' has shape \(8,\)"),
+        # The tiny BERT has 64 positions: a longer sequence fails in onnxruntime, before any trial.
+        (_tokens(1, 100), r"The model does not run on latency_data \(input_ids 1x100, attention_mask 1x100"),
+    ],
+)
+def test_latency_data_that_does_not_fit_the_model_is_refused_naming_it(
+    bert_path, bert_feeds, bert_agreement, fast_bench, latency_data, message
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Measurer(str(bert_path), bert_feeds, bert_agreement, benchmark=fast_bench, latency_data=latency_data)
+
+
+def test_latency_data_and_a_batch_size_are_one_too_many(bert_path, bert_feeds, bert_agreement, fast_bench) -> None:
+    settings = dataclasses.replace(fast_bench, batch_size=2)
+    with pytest.raises(ValueError, match="latency_data and benchmark.batch_size both say what to time on"):
+        Measurer(str(bert_path), bert_feeds, bert_agreement, benchmark=settings, latency_data=_tokens(2, 8))

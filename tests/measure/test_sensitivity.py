@@ -18,6 +18,7 @@ from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.quantize import Quantizer
 from examples.tiny_cnn import build_cnn
 from optuna_quant.trial.scoring import choice_scores
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
@@ -262,7 +263,10 @@ def test_demo_model_ranks_its_rescaled_layers_first() -> None:
     by_cost = sorted(sens, key=lambda n: -sens[n].acc_cost)
     # /4/Conv -> ReLU -> /6/Conv is the pair the demo rescales (examples/demo_model.py)
     assert by_cost[:2] == ["/6/Conv", "/4/Conv"]
-    assert sens["/6/Conv"].acc_cost > 100 * max(sens[n].acc_cost for n in by_cost[2:])
+    # Without int8 dot-product instructions onnxruntime's u8s8 kernels saturate 16-bit sums, which
+    # costs every layer some accuracy (under AVX2 emulation the others reached 0.024, /6/Conv 0.378).
+    dominance = 100 if int8_support().dot_product else 10
+    assert sens["/6/Conv"].acc_cost > dominance * max(sens[n].acc_cost for n in by_cost[2:])
     order = revert_order(sens)
     assert order.index("/6/Conv") < order.index("/2/Conv")
     assert all(s.revert_cost is not None for s in sens.values())

@@ -25,8 +25,8 @@ PRIOR = {name: {GOOD[name]: 0.9, ("int8" if GOOD[name] == "fp32" else "fp32"): 0
 @pytest.mark.parametrize(
     ("prior", "error", "match"),
     [
-        ({"l0": {"fp32": 0.0}}, ValueError, "'fp32' of parameter 'l0' .* got 0.0"),
-        ({"l0": {"fp32": 1.0}}, ValueError, "strictly between 0 and 1, got 1.0"),
+        ({"l0": {"fp32": -0.1}}, ValueError, "'fp32' of parameter 'l0' .* got -0.1"),
+        ({"l0": {"fp32": 1.0}}, ValueError, r"must lie in \[0, 1\) \(0: never\), got 1.0"),
         ({"l0": {"fp32": float("nan")}}, ValueError, "got nan"),
         ({"l0": {"fp32": "high"}}, ValueError, "got 'high'"),
         ({"l0": 0.5}, TypeError, "Prior of parameter 'l0' must map choices"),
@@ -81,6 +81,26 @@ def test_start_up_draws_follow_the_prior_set_after_construction(sampler_class) -
     again = optuna.create_study(sampler=with_prior)
     again.optimize(objective, n_trials=n)
     assert 0.3 < agreement_with_prior(again) < 0.7
+
+
+@pytest.mark.parametrize("sampler_class", [TPESampler, DiscreteGPSampler], ids=["tpe", "gp"])
+def test_a_choice_scored_zero_is_never_drawn_from_then_on(sampler_class) -> None:
+    def mixed(trial: optuna.Trial) -> float:
+        mode = trial.suggest_categorical("mode", ["a", "b", "c"])
+        return objective(trial) + (mode != "a")  # "a" is the best choice
+
+    sampler = sampler_class(seed=0, n_startup_trials=5)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(mixed, n_trials=20)
+    assert "a" in {t.params["mode"] for t in study.trials[10:]}  # the model found the best choice
+    sampler.set_prior({"mode": {"a": 0.0}, "l0": {"fp32": 0.0}})  # start-up draws and the model alike
+    study.optimize(mixed, n_trials=30)
+    later = study.trials[20:]
+    assert {t.params["mode"] for t in later} == {"b", "c"}
+    assert {t.params["l0"] for t in later} == {"int8"}
+    with pytest.raises(ValueError, match="every choice of parameter 'mode' 0"):
+        sampler.set_prior({"mode": {"a": 0.0, "b": 0.0, "c": 0.0}})
+        study.optimize(mixed, n_trials=1, catch=())
 
 
 @pytest.mark.parametrize("sampler_class", [TPESampler, DiscreteGPSampler], ids=["tpe", "gp"])

@@ -25,13 +25,9 @@ WORKERS, TIMES = 3, 15
 TIMEOUT = 300  # processes that start on a loaded 2-core machine
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "journal", "grpc"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/study.db"
-    if request.param == "journal":
-        return f"journal:{tmp_path}/study.log"
-    return request.getfixturevalue({"postgresql": "postgres_url", "mariadb": "mariadb_url", "grpc": "grpc_url"}[request.param])
+@pytest.fixture
+def url(shared_url: str) -> str:
+    return shared_url
 
 
 def _start(url: str, study: str, count: Path, *extra: str) -> subprocess.Popen[str]:

@@ -26,7 +26,7 @@ OTHER = {"layer:conv": "int8", "layer:fc": "int8", "granularity": "per_channel"}
 def _stored_study(storage: optuna.storages.BaseStorage, *results: tuple[dict, float, float]) -> optuna.Study:
     """Study 'demo' as create_study leaves it, with a completed trial per ``(params, acc_loss, lat_diff)``."""
     study = optuna.create_study(study_name="demo", storage=storage)
-    records.share_records(study, space=SPACE, fingerprint="abc", targets=TARGETS)
+    records.share_records(study, space=SPACE, fingerprint="abc", targets=TARGETS, int8_class="x86-vnni")
     for params, acc_loss, lat_diff in results:
         study.add_trial(optuna.trial.create_trial(
             value=0.0, params=params, distributions=SPACE.distributions(),
@@ -134,8 +134,18 @@ def test_bad_input_under_cold_start_deletes_nothing(tmp_path, make_study) -> Non
     blocker.write_text("")
     with pytest.raises(FileNotFoundError):
         make_study(model=tmp_path / "missing.onnx")
-    with pytest.raises(NotWritableError, match=r"artifact_dir '.*a-file/models' is not writable"):
+    with pytest.raises(NotWritableError, match=r"artifact_dir: cannot write .*a-file/models: .*a-file is a file, not a folder\."):
         make_study(artifact_dir=blocker / "models")
     with pytest.raises(ValueError, match="n_trials"):
         make_study(trials_load_method="warm_start").optimize(n_trials=-5)
     assert len(optuna.load_study(study_name="optuna-quant", storage=f"sqlite:///{tmp_path}/study.db").trials) == 2
+
+
+def test_warm_start_from_a_cpu_of_another_int8_class_is_refused_before_anything_else() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    _stored_study(storage, (BEST, 0.0, 2.0))
+    with pytest.raises(ValueError, match="tuned on CPUs of int8 class 'x86-vnni'; this machine's is 'arm-dotprod'"):
+        plan_load("warm_start", "demo", storage, scopes=SCOPES, targets=TARGETS, int8_class="arm-dotprod")
+    assert plan_load("warm_start", "demo", storage, scopes=SCOPES, targets=TARGETS, int8_class="x86-vnni").existing
+    # A study of its own for the other class: cold_start replaces, fine_tune makes a new one.
+    assert plan_load("fine_tune", "demo", storage, scopes=SCOPES, targets=TARGETS, int8_class="arm-dotprod").name == "demo-fine_tune"

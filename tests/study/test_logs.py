@@ -164,3 +164,16 @@ def test_python_path_prints_each_line_once_without_the_flood(warning_model, tmp_
     assert _repeated(done.stderr) == []
     assert "WARNING:root:Expected bias" not in done.stderr
     assert done.stderr.count("quantization warnings") == 1
+
+
+def test_optunas_line_per_trial_names_the_layers_in_one_entry(make_study, caplog) -> None:
+    study = make_study()
+    params = {**study.objective.space.default_params(), "layer:conv2": "fp32"}
+    study.enqueue_trial(params)
+    with caplog.at_level(logging.INFO, logger="optuna"):
+        study.optimize(n_trials=2)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("optuna.") and " finished with value" in r.getMessage()]
+    summed = {key: value for key, value in params.items() if not key.startswith("layer:")}
+    summed["layer"] = "3 layers: 2 int8, 1 fp32 (conv2)"
+    assert f"and parameters: {summed!r}." in lines[0]
+    assert all("layer:" not in line for line in lines)

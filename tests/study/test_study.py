@@ -15,7 +15,10 @@ import pytest
 from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
+from optuna_quant.measure.cpu import int8_support
+from optuna_quant.trial import records
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
+from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial.records import SCALING_KEY
 from optuna_quant.trial.records import WORKER
@@ -142,9 +145,16 @@ def test_export_best_and_missed_target(tmp_path, make_study, caplog) -> None:
     out = tmp_path / "out" / "best.int8.onnx"
     study.export_best(out)
     # conv1, conv2 and fc are all in it; int8 weights come from a DequantizeLinear, fp32 ones do not.
-    assert_int8_layers(onnx.load(str(out)), best.params)
+    exported = onnx.load(str(out))
+    assert_int8_layers(exported, best.params)
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert "misses the latency target" in caplog.text
+    # The model says what it measured, and on which CPU int8 class: its figures hold there only.
+    props = {prop.key: prop.value for prop in exported.metadata_props}
+    assert props["optuna_quant.study_trial"] == str(best.number)
+    assert float(props["optuna_quant.lat_diff"]) == best.lat_diff and float(props["optuna_quant.acc_loss"]) == best.acc_loss
+    assert props["optuna_quant.int8_class"] == int8_support().int8_class == study.user_attrs["int8_class"]
+    assert props["optuna_quant.onnxruntime"] == ort.__version__
 
 
 def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> None:
@@ -312,3 +322,28 @@ def test_pareto_mode_returns_both_metrics_and_keeps_pots_best(tmp_path, make_stu
     assert (tmp_path / "models").is_dir()
     with pytest.raises(ValueError, match="'loss' mode"):
         make_study(trials_load_method="warm_start")
+
+
+def test_a_transformer_study_by_layer_groups_searches_and_measures_the_groups(
+    tmp_path, bert_path, bert_feeds, bert_agreement
+) -> None:
+    study = oq.create_study(
+        str(bert_path), bert_feeds, bert_agreement, layer_groups="block", sampler="tpe", seed=0,
+        storage=f"sqlite:///{tmp_path}/study.db", study_name="bert-blocks",
+        benchmark={"warmup": 2, "blocks": 3, "min_seconds": 0.03},
+    )
+    study.optimize(n_trials=4)
+    layers = {name for name in study.objective.space.distributions() if name.startswith("layer:")}
+    assert layers == {"layer:block.0", "layer:block.1"}
+    assert all(trial.state == TrialState.COMPLETE for trial in study.trials)
+    assert all(layers <= trial.params.keys() for trial in study.trials)
+    # The sensitivity measured each group as one layer, and its prior is over the groups.
+    assert set(stored_sensitivity(study.study)) == {"block.0", "block.1"}
+    assert records.stored_space(study.study).units() == study.objective.space.units()
+
+
+def test_a_worker_with_other_layer_groups_is_refused_naming_them(tmp_path, bert_path, bert_feeds, bert_agreement) -> None:
+    kwargs = dict(storage=f"sqlite:///{tmp_path}/study.db", study_name="bert", benchmark={"warmup": 1, "blocks": 2, "min_seconds": 0.02})
+    oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="role", **kwargs)
+    with pytest.raises(ValueError, match=r"another search space: parameter\(s\) .*'layer:block.0'.*layer_groups"):
+        oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="block", trials_load_method="warm_start", **kwargs)

@@ -35,15 +35,9 @@ def test_a_trial_popped_after_another_claimed_its_configuration_copies_it(make_s
         return trial
 
     first = start(higher)
-    previous, _ = claim(optuna_study, first, params, objective.lock, objective.heartbeat)
+    previous, _ = claim(optuna_study, first, params, objective.space, objective.lock, objective.heartbeat)
     assert previous is None and records.is_measuring(optuna_study.trials[first.number])
-    late = start(lower)
-    with ThreadPoolExecutor(1) as pool:
-        copied = pool.submit(claim, optuna_study, late, params, objective.lock, objective.heartbeat)
-        records.record_result(first, MEASURED, {})
-        optuna_study.tell(first, 1.0)
-        previous, _ = copied.result(timeout=120)
-    assert previous is not None and previous.number == first.number
+    assert _copied_once_measured(study, start(lower), first) == first.number
 
 
 def test_a_repeat_of_the_reference_waits_for_the_reference_that_runs(make_study) -> None:
@@ -57,9 +51,18 @@ def test_a_repeat_of_the_reference_waits_for_the_reference_that_runs(make_study)
     reference, repeat = optuna_study.ask(), optuna_study.ask()
     for trial in (reference, repeat):
         objective.space.suggest(trial)
+    assert _copied_once_measured(study, repeat, reference) == reference.number
+
+
+def _copied_once_measured(study, waiting: optuna.Trial, measuring: optuna.Trial) -> int | None:
+    """Claim ``waiting``'s configuration while ``measuring`` holds it, then finish ``measuring``:
+    the number of the trial that ``waiting`` copies."""
+    objective, optuna_study = study.objective, study.study
     with ThreadPoolExecutor(1) as pool:
-        copied = pool.submit(claim, optuna_study, repeat, params, objective.lock, objective.heartbeat)
-        records.record_result(reference, MEASURED, {})
-        optuna_study.tell(reference, 1.0)
+        copied = pool.submit(
+            claim, optuna_study, waiting, waiting.params, objective.space, objective.lock, objective.heartbeat
+        )
+        records.record_result(measuring, MEASURED, {})
+        optuna_study.tell(measuring, 1.0)
         previous, _ = copied.result(timeout=120)
-    assert previous is not None and previous.number == reference.number
+    return None if previous is None else previous.number

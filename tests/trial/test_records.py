@@ -17,7 +17,7 @@ MEASURED = {"acc_loss": 0.004, "lat_diff": 1.8, "accuracy": 0.97, "int8_latency_
 
 
 def _share(study: optuna.Study, **changes: object) -> SearchSpace:
-    kwargs: dict = {"space": SPACE, "fingerprint": "abc", "targets": TARGETS, **changes}
+    kwargs: dict = {"space": SPACE, "fingerprint": "abc", "targets": TARGETS, "int8_class": "x86-vnni", **changes}
     return records.share_records(study, **kwargs)
 
 
@@ -113,7 +113,7 @@ def test_a_reference_measured_outside_any_trial_is_a_trial_of_the_study() -> Non
 def test_a_result_is_read_back_and_a_copy_names_its_source() -> None:
     study = optuna.create_study()
     first = study.ask()
-    records.start_trial(first)
+    records.start_trial(first, "x86-vnni", "1.32.0")
     records.claim(first)
     first.set_user_attr(records.REFERENCE_KEY, True)  # a run key, as the worker and the claim: never copied
     records.record_result(first, MEASURED, {"accuracy": -0.006, "latency": -0.3})
@@ -155,3 +155,24 @@ def test_a_failure_keeps_its_reason() -> None:
     records.record_failure(trial, KeyError("labels"))
     study.tell(trial, state=TrialState.FAIL)
     assert study.trials[0].user_attrs[records.FAIL_REASON_KEY] == "KeyError: 'labels'"
+
+
+def test_a_worker_of_another_int8_class_is_refused_and_nothing_is_written() -> None:
+    study = optuna.create_study(study_name="tuned-on-vnni")
+    _share(study)
+    assert records.stored_int8_class(study) == "x86-vnni"
+    before = dict(study.user_attrs)
+    with pytest.raises(ValueError, match=r"Study 'tuned-on-vnni' is tuned on CPUs of int8 class 'x86-vnni'; this "
+                                         r"machine's is 'x86-avx2'.*another study_name, or fine_tune"):
+        _share(study, int8_class="x86-avx2")
+    assert study.user_attrs == before
+    records.check_int8_class(study, "x86-vnni")  # the same class joins
+
+
+def test_each_trial_names_the_int8_class_and_onnxruntime_that_ran_it() -> None:
+    study = optuna.create_study()
+    trial = study.ask()
+    records.start_trial(trial, "x86-avx2", "1.32.0")
+    frozen = study.tell(trial, 1.0)
+    assert records.worker_int8_class(frozen) == "x86-avx2"
+    assert frozen.user_attrs[records.ONNXRUNTIME_KEY] == "1.32.0"

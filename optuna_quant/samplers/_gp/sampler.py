@@ -22,6 +22,7 @@ from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._gp.bayesian_optimization import BayesianOptimization
+from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
 from optuna_quant.samplers._prior import SpacePrior
@@ -85,8 +86,8 @@ class DiscreteGPSampler(InTurnSampler):
         candidate_budget: Bounds the cost of scoring the candidates, which grows with the
             number of trials (see :class:`BayesianOptimization`).
         n_local_search: Coordinate searches on the acquisition per trial.
-        prior: ``{param_name: {choice: score}}``, scores in (0, 1) saying how likely a choice is
-            good; parameters and choices left out score 0.5. Also settable later with
+        prior: ``{param_name: {choice: score}}``, scores in [0, 1) saying how likely a choice is
+            good (0: never drawn); parameters and choices left out score 0.5. Also settable later with
             :meth:`set_prior`.
         prior_strength: The prior's weight ``beta`` in the acquisition (see above).
         claim_wait_seconds: The most a trial waits for lower-numbered running trials to choose
@@ -95,7 +96,7 @@ class DiscreteGPSampler(InTurnSampler):
     Raises:
         ValueError: When a parameter is a float without a step (the space must be finite), or
             for a negative ``prior_strength`` or ``claim_wait_seconds``, or a prior score
-            outside (0, 1).
+            outside [0, 1).
     """
 
     def __init__(
@@ -144,13 +145,10 @@ class DiscreteGPSampler(InTurnSampler):
         return space.decode(self._choose(study, space, history, pending, seen))
 
     def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
-        choices = choices_of(param_name, param_distribution)
+        distribution = allowed_space(self._prior, {param_name: param_distribution})[param_name]
+        choices = choices_of(param_name, distribution)
         probs = choice_probabilities(self._prior, param_name, choices)
         if probs is None:
             return choices[self._rng.randint(len(choices))]

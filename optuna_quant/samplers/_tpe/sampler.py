@@ -34,6 +34,7 @@ from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
 from optuna_quant.samplers._tpe.candidates import best_joint
@@ -128,8 +129,8 @@ class TPESampler(InTurnSampler):
         constraints: Split by the trials' constraints where they carry any; ``False`` splits by
             the objective value alone.
         seed: Seed of the random number generator.
-        prior: Per-choice scores in (0, 1) by parameter (:mod:`optuna_quant.samplers._prior`),
-            or later :meth:`set_prior`.
+        prior: Per-choice scores in [0, 1) by parameter, 0 for never
+            (:mod:`optuna_quant.samplers._prior`), or later :meth:`set_prior`.
         claim_wait_seconds: See :func:`optuna_quant.samplers._coordination.wait_bound`.
     """
 
@@ -205,18 +206,13 @@ class TPESampler(InTurnSampler):
         return self._sample(study, trials, search_space, never_repeat=True)
 
     def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         # Alone, one parameter's values repeat by design: the never-repeat rule is for whole
         # configurations.
         trials = cached_trials(study)
-        return self._sample(study, trials, {param_name: param_distribution}, never_repeat=False)[
-            param_name
-        ]
+        search_space = allowed_space(self._prior, {param_name: param_distribution})
+        return self._sample(study, trials, search_space, never_repeat=False)[param_name]
 
     def _sample(
         self,
