@@ -230,7 +230,7 @@ class Worker:
     def _take_trial(self, step: Step, trials: Sequence[FrozenTrial]) -> int | None:
         """Under the study lock, the trial that ``step`` runs: the reference queued and popped for
         :attr:`Step.QUEUE_REFERENCE`, else the first queued trial of ``trials`` that is still
-        queued, else a new one.
+        queued, else a new one once the reference stored its scaling.
 
         ``trials`` were read and decided on before the lock, which is held for a few calls of one
         row each: the decision holds as long as the budget keeps room with every trial made since
@@ -263,7 +263,9 @@ class Worker:
                         return waiting
                 except UpdateFinishedTrialError:
                     pass
-            if room is not None and (room < 1 or made_since(room)):
+            # Before the scaling is stored only a queued trial runs: a new one, made because another
+            # worker popped the queued reference since the read, would measure the reference again.
+            if not self.reference_stored or (room is not None and (room < 1 or made_since(room))):
                 return None
             return storage.create_new_trial(study_id)
 

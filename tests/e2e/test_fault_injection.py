@@ -30,6 +30,7 @@ import pytest
 
 from conftest import subprocess_env
 from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.heartbeat import MAX_RETRY
 from optuna_quant.trial.records import is_reference
 from optuna_quant.trial.records import WORKER_KEY
 from optuna_quant.study.worker import counted_trials
@@ -111,8 +112,16 @@ class Crew:
 
 
 def _random_kill(crew: Crew, rng: random.Random) -> bool:
-    """SIGKILL a worker some way into a trial it is running; whether one was found."""
-    running = {t.user_attrs.get(WORKER_KEY) for t in crew.trials() if t.state == TrialState.RUNNING}
+    """SIGKILL a worker some way into a trial it is running; whether one was found.
+
+    Not in a trial retried ``MAX_RETRY`` times already, which Optuna's retry does not run again:
+    under load, the reference killed at three stages could still be running its last retry.
+    """
+    running = {
+        t.user_attrs.get(WORKER_KEY)
+        for t in crew.trials()
+        if t.state == TrialState.RUNNING and len(t.system_attrs.get("retry_history", ())) < MAX_RETRY
+    }
     victims = [w for w in crew.running if f":{w.pid}" in " ".join(filter(None, running))]
     if not victims:
         return False

@@ -13,6 +13,7 @@ from optuna_quant.study.worker import counted_trials
 from optuna_quant.study.worker import decide
 from optuna_quant.study.worker import Step
 from optuna_quant.study.worker import Worker
+from optuna_quant.trial import records
 from optuna_quant.trial.records import REFERENCE_KEY
 
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
@@ -119,6 +120,7 @@ def _worker(study, n_trials: int) -> Worker:
 def test_a_trial_is_made_only_while_the_budget_keeps_room_with_the_trials_made_since_the_read(make_study) -> None:
     study = make_study()
     worker = _worker(study, n_trials=3)
+    worker.reference_stored = True
     read = study.study.get_trials()  # nothing yet; then two other workers make a trial each
     study.study.ask(), study.study.ask()
     made = worker._take_trial(Step.RUN, read)  # room for 3, 2 made since: one more
@@ -135,6 +137,16 @@ def test_a_queued_trial_popped_since_the_read_is_not_run_twice(make_study) -> No
     assert popped is not None and study.study.trials[0].state == TrialState.RUNNING
     # A second worker decided on the same read: nothing queued is left, and no room.
     assert _worker(study, n_trials=1)._take_trial(Step.RUN, read) is None
+    assert len(study.study.trials) == 1
+
+
+def test_before_the_scaling_a_queued_reference_popped_since_the_read_makes_no_new_trial(make_study) -> None:
+    # A new trial would have measured the reference a second time (MariaDB's fault-injection runs).
+    study = make_study()
+    records.enqueue_reference(study.study, study.objective.space.default_params())
+    read = study.study.get_trials()
+    assert _worker(study, n_trials=4)._take_trial(Step.RUN, read) is not None
+    assert _worker(study, n_trials=4)._take_trial(Step.RUN, read) is None
     assert len(study.study.trials) == 1
 
 
