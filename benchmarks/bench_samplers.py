@@ -19,7 +19,7 @@ table with ``--from-results a.json b.json``.
 
 ``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores (:data:`PRIORS`); they
 report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: ``sensitivity``
-(the default) is ``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity
+(the default) is ``optuna_quant.prior_for_space`` of the table's measured sensitivity
 (:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
 (:func:`standin_prior`).
 
@@ -65,11 +65,14 @@ import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
+from optuna.distributions import CategoricalDistribution  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
+from optuna_quant.measure.interactions import PairRecovery  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
-from optuna_quant.trial.scoring import choice_scores, layer_scores  # noqa: E402
+from optuna_quant.trial.guidance import Guidance, prior_for_space  # noqa: E402
+from optuna_quant.trial.scoring import layer_scores  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -188,10 +191,11 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
 
 
 def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
-    """``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity.
+    """``optuna_quant.prior_for_space`` of the table's measured sensitivity, for the table's space.
 
-    The table's ``scope_errors`` and ``base_sensitivity`` are what a study measures
-    (``build_tables.with_sensitivity``), named by the table's parameters; the reference's
+    The table's ``scope_errors`` and ``base_sensitivity`` (with its ``pairs``, where measured)
+    are what a study measures (``build_tables.with_sensitivity``), named by the table's
+    parameters; the reference's
     ``acc_loss`` is the table's default row, as a study's reference trial gives it. Nothing else
     comes from the rows.
 
@@ -207,12 +211,10 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
         name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
         for name, measured in table.base_sensitivity["layers"].items()
     }
-    return choice_scores(
-        layers,
-        acc_loss=table.lookup(table.reference)["acc_loss"],
-        accuracy_target=table.target.accuracy_loss / 100.0,
-        scope_errors=table.scope_errors,
-    )
+    pairs = tuple(PairRecovery.from_dict(pair) for pair in table.base_sensitivity.get("pairs", ()))
+    guidance = Guidance(layers, table.scope_errors, table.lookup(table.reference)["acc_loss"], pairs=pairs)
+    space = {name: CategoricalDistribution(choices) for name, choices in table.params.items()}
+    return prior_for_space(guidance, space, table.target)
 
 
 PRIORS: dict[str, Callable[[Table], dict[str, dict[str, Any]]]] = {
@@ -499,7 +501,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         const="sensitivity",
         choices=sorted(PRIORS),
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
-        "'sensitivity' (the default: optuna_quant.trial.scoring.choice_scores; names get '+prior'), "
+        "'sensitivity' (the default: optuna_quant.prior_for_space; names get '+prior'), "
         "'standin' (from the table's rows; names get '+prior-standin')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
