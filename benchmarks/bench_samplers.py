@@ -21,7 +21,8 @@ table with ``--from-results a.json b.json``.
 report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: ``sensitivity``
 (the default) is ``optuna_quant.prior_for_space`` of the table's measured sensitivity
 (:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
-(:func:`standin_prior`).
+(:func:`standin_prior`), ``inverted`` the first with every score mirrored, a wrong prior
+(:func:`inverted_prior`).
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -217,9 +218,19 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
     return prior_for_space(guidance, space, table.target)
 
 
+def inverted_prior(table: Table) -> dict[str, dict[str, Any]]:
+    """:func:`sensitivity_prior` with every score mirrored (``1 - score``): a prior that points
+    away from what the measurement says, to see what a wrong prior costs."""
+    return {
+        name: {choice: round(1.0 - score, 4) for choice, score in by_choice.items()}
+        for name, by_choice in sensitivity_prior(table).items()
+    }
+
+
 PRIORS: dict[str, Callable[[Table], dict[str, dict[str, Any]]]] = {
     "sensitivity": sensitivity_prior,
     "standin": standin_prior,
+    "inverted": inverted_prior,
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
 PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
@@ -502,7 +513,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=sorted(PRIORS),
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
         "'sensitivity' (the default: optuna_quant.prior_for_space; names get '+prior'), "
-        "'standin' (from the table's rows; names get '+prior-standin')",
+        "'standin' (from the table's rows; names get '+prior-standin'), "
+        "'inverted' (the first, every score mirrored: a wrong prior; '+prior-inverted')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
