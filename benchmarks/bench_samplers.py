@@ -22,7 +22,7 @@ report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: `
 (the default) is ``optuna_quant.prior_for_space`` of the table's measured sensitivity
 (:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
 (:func:`standin_prior`), ``inverted`` the first with every score mirrored, a wrong prior
-(:func:`inverted_prior`).
+(:func:`inverted_prior`), ``single`` the first without the pairs of layers, one layer at a time.
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -191,7 +191,7 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
     }
 
 
-def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
+def sensitivity_prior(table: Table, with_pairs: bool = True) -> dict[str, dict[str, Any]]:
     """``optuna_quant.prior_for_space`` of the table's measured sensitivity, for the table's space.
 
     The table's ``scope_errors`` and ``base_sensitivity`` (with its ``pairs``, where measured)
@@ -199,6 +199,9 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
     parameters; the reference's
     ``acc_loss`` is the table's default row, as a study's reference trial gives it. Nothing else
     comes from the rows.
+
+    ``with_pairs=False`` leaves the pairs out: the prior as it was before pairs were measured,
+    one layer at a time.
 
     Raises:
         ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
@@ -212,7 +215,7 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
         name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
         for name, measured in table.base_sensitivity["layers"].items()
     }
-    pairs = tuple(PairRecovery.from_dict(pair) for pair in table.base_sensitivity.get("pairs", ()))
+    pairs = tuple(PairRecovery.from_dict(pair) for pair in table.base_sensitivity.get("pairs", ()) if with_pairs)
     guidance = Guidance(layers, table.scope_errors, table.lookup(table.reference)["acc_loss"], pairs=pairs)
     space = {name: CategoricalDistribution(choices) for name, choices in table.params.items()}
     return prior_for_space(guidance, space, table.target)
@@ -231,6 +234,7 @@ PRIORS: dict[str, Callable[[Table], dict[str, dict[str, Any]]]] = {
     "sensitivity": sensitivity_prior,
     "standin": standin_prior,
     "inverted": inverted_prior,
+    "single": functools.partial(sensitivity_prior, with_pairs=False),
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
 PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
@@ -514,7 +518,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
         "'sensitivity' (the default: optuna_quant.prior_for_space; names get '+prior'), "
         "'standin' (from the table's rows; names get '+prior-standin'), "
-        "'inverted' (the first, every score mirrored: a wrong prior; '+prior-inverted')",
+        "'inverted' (the first, every score mirrored: a wrong prior; '+prior-inverted'), "
+        "'single' (the first without the pairs of layers; '+prior-single')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")

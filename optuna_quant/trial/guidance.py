@@ -251,7 +251,7 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
             settings=measurer.benchmark,
         )
     seconds = time.perf_counter() - start
-    _logger.info("Sensitivity: measured %d layers and %d pairs in %.1f s", len(layers), len(pairs), seconds)
+    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
     return Guidance(layers, scope_errors, reference_acc_loss, seconds, tuple(pairs))
 
 
