@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+import functools
 import itertools
 import logging
 import math
@@ -118,10 +119,8 @@ def measure_space(
         >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
     """
 
-    def to_config(params: Mapping[str, Any]) -> QuantConfig:
-        return all_int8(space, params)
-
     combinations = scope_combinations(space.distributions())
+    to_config = functools.partial(all_int8, space)
     errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
     if "layer" not in space.scopes:
         return errors, {}  # no layer is searched: their sensitivity would guide nothing
@@ -130,7 +129,7 @@ def measure_space(
         quantizer,
         feeds,
         space.units(),
-        base_config=to_config(lowest_error(errors)["params"]),
+        base_config=all_int8(space, lowest_error(errors)["params"]),
         n_samples=n_samples,
         profile_runs=profile_runs,
         settings=settings,
@@ -170,10 +169,11 @@ class Guidance:
         """Up to ``n`` configurations to try first, each once: the lowest-error combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
         layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`), the largest
-        interaction first; the same with only the layers whose int8 pays on its own in int8 (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above
-        1); then every layer int8 but the most harmful ones, reverted to fp32 one more each time.
+        interaction first; the same with only the layers whose int8 pays on its own in int8
+        (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above 1); then
+        every layer int8 but the most harmful ones, reverted to fp32 one more each time.
 
-        The second comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
+        The one of the layers whose int8 pays comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
         around it, so a layer can cost much speed when reverted alone and still slow the fp32
         model when quantized alone; the fastest configuration then keeps such layers in fp32
         together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
