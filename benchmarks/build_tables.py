@@ -107,7 +107,7 @@ SPECS = {
     "mobilenet8": TableSpec(
         "mobilenet8",
         ("node_conv2d", *(f"node_conv2d_{i}" for i in range(1, 7)), "node_linear"),
-        {"accuracy_loss": 1.0, "latency_reduce": 1.5},
+        {"accuracy_loss": 1.0, "latency_reduce": 1.35},
         scopes=("layer", "range_estimator", "granularity"),
         choices={"range_estimator": ("minmax", "entropy", "percentile_99.99")},
     ),
