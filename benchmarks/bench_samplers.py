@@ -19,9 +19,10 @@ table with ``--from-results a.json b.json``.
 
 ``--prior`` hands optuna-quant's samplers (``set_prior``) per-choice scores (:data:`PRIORS`); they
 report as ``<name>+prior``, or ``<name>+prior-<kind>`` for ``--prior <kind>``: ``sensitivity``
-(the default) is ``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity
+(the default) is ``optuna_quant.prior_for_space`` of the table's measured sensitivity
 (:func:`sensitivity_prior`), ``standin`` the earlier stand-in read from the table's rows
-(:func:`standin_prior`).
+(:func:`standin_prior`), ``inverted`` the first with every score mirrored, a wrong prior
+(:func:`inverted_prior`), ``single`` the first without the pairs of layers, one layer at a time.
 
 ``--stop-at-target`` ends each study at its first trial that meets both targets. Trials-to-target,
 success, duplicates and sampler time keep their meaning (counted up to that trial), and Optuna's
@@ -65,11 +66,14 @@ import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
+from optuna.distributions import CategoricalDistribution  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.table import Key, Table, table_paths  # noqa: E402
+from optuna_quant.measure.interactions import PairRecovery  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
-from optuna_quant.trial.scoring import choice_scores, layer_scores  # noqa: E402
+from optuna_quant.trial.guidance import Guidance, prior_for_space  # noqa: E402
+from optuna_quant.trial.scoring import layer_scores  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -187,13 +191,17 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
     }
 
 
-def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
-    """``optuna_quant.trial.scoring.choice_scores`` of the table's measured sensitivity.
+def sensitivity_prior(table: Table, with_pairs: bool = True) -> dict[str, dict[str, Any]]:
+    """``optuna_quant.prior_for_space`` of the table's measured sensitivity, for the table's space.
 
-    The table's ``scope_errors`` and ``base_sensitivity`` are what a study measures
-    (``build_tables.with_sensitivity``), named by the table's parameters; the reference's
+    The table's ``scope_errors`` and ``base_sensitivity`` (with its ``pairs``, where measured)
+    are what a study measures (``build_tables.with_sensitivity``), named by the table's
+    parameters; the reference's
     ``acc_loss`` is the table's default row, as a study's reference trial gives it. Nothing else
     comes from the rows.
+
+    ``with_pairs=False`` leaves the pairs out: the prior as it was before pairs were measured,
+    one layer at a time.
 
     Raises:
         ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
@@ -207,17 +215,26 @@ def sensitivity_prior(table: Table) -> dict[str, dict[str, Any]]:
         name.removeprefix(LAYER_PREFIX): LayerSensitivity.from_dict(measured)
         for name, measured in table.base_sensitivity["layers"].items()
     }
-    return choice_scores(
-        layers,
-        acc_loss=table.lookup(table.reference)["acc_loss"],
-        accuracy_target=table.target.accuracy_loss / 100.0,
-        scope_errors=table.scope_errors,
-    )
+    pairs = tuple(PairRecovery.from_dict(pair) for pair in table.base_sensitivity.get("pairs", ()) if with_pairs)
+    guidance = Guidance(layers, table.scope_errors, table.lookup(table.reference)["acc_loss"], pairs=pairs)
+    space = {name: CategoricalDistribution(choices) for name, choices in table.params.items()}
+    return prior_for_space(guidance, space, table.target)
+
+
+def inverted_prior(table: Table) -> dict[str, dict[str, Any]]:
+    """:func:`sensitivity_prior` with every score mirrored (``1 - score``): a prior that points
+    away from what the measurement says, to see what a wrong prior costs."""
+    return {
+        name: {choice: round(1.0 - score, 4) for choice, score in by_choice.items()}
+        for name, by_choice in sensitivity_prior(table).items()
+    }
 
 
 PRIORS: dict[str, Callable[[Table], dict[str, dict[str, Any]]]] = {
     "sensitivity": sensitivity_prior,
     "standin": standin_prior,
+    "inverted": inverted_prior,
+    "single": functools.partial(sensitivity_prior, with_pairs=False),
 }
 """The priors ``--prior`` can give, by name; the first is the default."""
 PRIOR_SUFFIX = {kind: "+prior" if kind == "sensitivity" else f"+prior-{kind}" for kind in PRIORS}
@@ -499,8 +516,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         const="sensitivity",
         choices=sorted(PRIORS),
         help="give the samplers (those with set_prior) a prior from each table's measurements: "
-        "'sensitivity' (the default: optuna_quant.trial.scoring.choice_scores; names get '+prior'), "
-        "'standin' (from the table's rows; names get '+prior-standin')",
+        "'sensitivity' (the default: optuna_quant.prior_for_space; names get '+prior'), "
+        "'standin' (from the table's rows; names get '+prior-standin'), "
+        "'inverted' (the first, every score mirrored: a wrong prior; '+prior-inverted'), "
+        "'single' (the first without the pairs of layers; '+prior-single')",
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")

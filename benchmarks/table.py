@@ -19,7 +19,8 @@ sampler may take as a prior::
      "base_sensitivity": {"params": {scope_param: choice},
                           "layers": {layer_param: {"error_alone": float, "error_recovered": float,
                                                    "fp32_ms": float, "int8_ms": float,
-                                                   "revert_cost": float}}}
+                                                   "revert_cost": float}},
+                          "pairs": [{"layers": [layer, layer], "error_recovered": float}, ...]}
 
 ``layer_sensitivity_standin`` is the row of the configuration that differs from the default one
 in that layer alone (fp32), read from the table's rows: the stand-in used before tables carried
@@ -28,7 +29,9 @@ the real measurement. ``scope_errors`` holds, for every combination of the other
 error against fp32 on the calibration samples (``optuna_quant.measure.sensitivity.measure_scope_errors``);
 ``base_sensitivity`` is ``optuna_quant.measure.sensitivity.measure_sensitivity`` run on the table's
 model, calibration data and quantizer at the combination with the lowest of these errors
-(``LayerSensitivity.to_dict()`` per layer).
+(``LayerSensitivity.to_dict()`` per layer), with the joint revert of the adjacent pairs that it
+leaves ambiguous (``optuna_quant.measure.interactions.measure_pairs``; absent in tables measured
+before).
 
 Example:
     >>> table = Table.from_rows(

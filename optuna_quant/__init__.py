@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from optuna_quant.samplers import TPESampler
     from optuna_quant.study import create_study
     from optuna_quant.study import QuantStudy
+    from optuna_quant.trial.guidance import prior_for_space
     from optuna_quant.trial.objective import QuantizationObjective
     from optuna_quant.trial.results import BestResult
     from optuna_quant.trial.space import SearchSpace
@@ -37,6 +38,7 @@ _EXPORTS = {
     "Targets": "optuna_quant.measure.loss",
     "Top1Accuracy": "optuna_quant.measure.evaluate",
     "create_study": "optuna_quant.study",
+    "prior_for_space": "optuna_quant.trial.guidance",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -140,7 +140,8 @@ def _session(model: onnx.ModelProto, settings: BenchmarkSettings) -> ort.Inferen
     return ort.InferenceSession(model.SerializeToString(), settings.session_options(), providers=["CPUExecutionProvider"])
 
 
-def _outputs(model: onnx.ModelProto, samples: Sequence[Feed], settings: BenchmarkSettings) -> list[list[np.ndarray]]:
+def model_outputs(model: onnx.ModelProto, samples: Sequence[Feed], settings: BenchmarkSettings) -> list[list[np.ndarray]]:
+    """``model``'s outputs on each of ``samples``, in one session on ``settings``' threads."""
     session = _session(model, settings)
     return [session.run(None, feed) for feed in samples]
 
@@ -222,9 +223,9 @@ def measure_sensitivity(
     def with_fallback(fallback: Iterable[str]) -> onnx.ModelProto:
         return quantizer.quantize(replace(base, fallback=frozenset(base.fallback | set(fallback))))
 
-    reference = _outputs(fp32_model, samples, settings)
+    reference = model_outputs(fp32_model, samples, settings)
     all_int8 = quantizer.quantize(base)
-    base_error = output_error(reference, _outputs(all_int8, samples, settings))
+    base_error = output_error(reference, model_outputs(all_int8, samples, settings))
     profiling = time.perf_counter()
     layers = initializers_of(fp32_model, sorted(set(quantizable_nodes(fp32_model)) | every))
     fp32_ms, fp32_rest = profile_layers(fp32_model, timed, layers, settings, profile_runs)
@@ -254,8 +255,8 @@ def measure_sensitivity(
         # The all-int8 model in measure_latency's "fp32" slot: t_all / t_reverted.
         kept = speedup_over(int8_timed, reverted)
         sens[unit] = LayerSensitivity(
-            error_alone=output_error(reference, _outputs(only, samples, settings)),
-            error_recovered=base_error - output_error(reference, _outputs(reverted, samples, settings)),
+            error_alone=output_error(reference, model_outputs(only, samples, settings)),
+            error_recovered=base_error - output_error(reference, model_outputs(reverted, samples, settings)),
             fp32_ms=sum(fp32_ms[n] for n in members),
             int8_ms=sum(int8_ms[n] for n in members),
             revert_cost=None if kept is None else 1.0 - kept,
@@ -319,13 +320,13 @@ def measure_scope_errors(
     settings = settings or BenchmarkSettings()
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
-    reference = _outputs(fp32_model, samples, settings)
+    reference = model_outputs(fp32_model, samples, settings)
     # Combinations that build the same model (the range estimators under dynamic) are measured once.
     by_config: dict[QuantConfig, dict[str, Any]] = {}
 
     def error(config: QuantConfig) -> dict[str, Any]:
         try:
-            return {"error": output_error(reference, _outputs(quantizer.quantize(config), samples, settings))}
+            return {"error": output_error(reference, model_outputs(quantizer.quantize(config), samples, settings))}
         except Exception as err:  # noqa: BLE001 - recorded: which choice fails is a finding
             return {"error": None, "failure": failure_reason(err)}
 

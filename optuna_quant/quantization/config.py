@@ -41,6 +41,11 @@ quantized Gather and Transpose bought nothing on every model measured (docs/mode
 GRANULARITIES: tuple[str, ...] = ("per_channel", "per_tensor")
 ACTIVATION_MODES: tuple[str, ...] = ("asymmetric", "symmetric")
 WEIGHT_MODES: tuple[str, ...] = ("symmetric", "asymmetric")
+WEIGHT_TYPES: tuple[str, ...] = ("int8", "int7", "uint8")
+"""How weights are stored, the reference first: int8; int7, onnxruntime's ``reduce_range`` (7-bit
+int8 weights); uint8, which onnxruntime runs with its u8u8 kernels (:func:`weight_type_choices`)."""
+SATURATING_INT8_CLASSES: frozenset[str] = frozenset({"x86-avx2", "x86-avx512"})
+"""The CPU int8 classes (:mod:`optuna_quant.measure.cpu`) whose u8s8 kernels can saturate."""
 
 
 @functools.cache
@@ -78,6 +83,7 @@ class QuantConfig:
         activation_symmetric: Symmetric int8 activations (else asymmetric uint8).
         weight_symmetric: Symmetric int8 weights (else int8 with a zero point).
         op_types: The operator types that get Q/DQ: one of :data:`OP_TYPE_SET_NAMES`.
+        weight_type: One of :data:`WEIGHT_TYPES`.
     """
 
     fallback: frozenset[str] = frozenset()
@@ -87,6 +93,7 @@ class QuantConfig:
     activation_symmetric: bool = ACTIVATION_MODES[0] == "symmetric"
     weight_symmetric: bool = WEIGHT_MODES[0] == "symmetric"
     op_types: str = OP_TYPE_SET_NAMES[0]
+    weight_type: str = WEIGHT_TYPES[0]
 
     def __post_init__(self) -> None:
         if self.approach not in APPROACHES:
@@ -97,6 +104,8 @@ class QuantConfig:
             )
         if self.op_types not in OP_TYPE_SET_NAMES:
             raise ValueError(f"Unknown op_types {self.op_types!r}; choose from {OP_TYPE_SET_NAMES}.")
+        if self.weight_type not in WEIGHT_TYPES:
+            raise ValueError(f"Unknown weight_type {self.weight_type!r}; choose from {WEIGHT_TYPES}.")
 
 
 def quantizable_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
@@ -170,6 +179,20 @@ def approach_choices(model: onnx.ModelProto) -> tuple[str, ...]:
     return tuple(reversed(APPROACHES))
 
 
+def weight_type_choices(int8_class: str | None) -> tuple[str, ...]:
+    """The :data:`WEIGHT_TYPES` worth trying on a CPU of ``int8_class``, the reference first.
+
+    Without VNNI, onnxruntime's x86 u8s8 kernels multiply with ``VPMADDUBSW``, which saturates
+    the 16-bit sum of two uint8 x int8 products; 7-bit weights (``reduce_range``) or uint8 weights
+    (u8u8 kernels, no saturation) are its documented remedies there. Elsewhere int8 alone.
+
+    Example:
+        >>> weight_type_choices("x86-avx2"), weight_type_choices("x86-vnni")
+        (('int8', 'int7', 'uint8'), ('int8',))
+    """
+    return WEIGHT_TYPES if int8_class in SATURATING_INT8_CLASSES else WEIGHT_TYPES[:1]
+
+
 def effective_config(config: QuantConfig, dynamic: Collection[str]) -> QuantConfig:
     """``config`` as its approach builds it: under ``dynamic``, the fields it ignores (range
     estimator, activation mode, operator types) at the reference's values and the fallback among
@@ -179,7 +202,7 @@ def effective_config(config: QuantConfig, dynamic: Collection[str]) -> QuantConf
     Example:
         >>> effective_config(QuantConfig(approach="dynamic", range_estimator="entropy",
         ...                              fallback=frozenset({"qk", "fc"})), ["fc"])
-        QuantConfig(fallback=frozenset({'fc'}), approach='dynamic', range_estimator='minmax', per_channel=True, activation_symmetric=False, weight_symmetric=True, op_types='compute')
+        QuantConfig(fallback=frozenset({'fc'}), approach='dynamic', range_estimator='minmax', per_channel=True, activation_symmetric=False, weight_symmetric=True, op_types='compute', weight_type='int8')
     """
     if config.approach != "dynamic":
         return config

@@ -35,10 +35,10 @@ def dynamic_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelProt
     quantizer = ONNXQuantizer(
         copy.deepcopy(model),
         config.per_channel,
-        False,  # reduce_range: only for CPUs without VNNI
+        config.weight_type == "int7",  # reduce_range
         QuantizationMode.IntegerOps,
         False,  # static: no, activations are quantized at run time
-        QuantType.QInt8,
+        QuantType.QUInt8 if config.weight_type == "uint8" else QuantType.QInt8,
         QuantType.QUInt8,  # the only activation type of DynamicQuantizeLinear
         None,  # no calibrated ranges
         None,  # nodes_to_quantize: every node of the operator types ...

@@ -143,8 +143,8 @@ def qdq_model(
     quantizer = QDQQuantizer(
         copy.deepcopy(model),
         config.per_channel,
-        False,  # reduce_range: only for CPUs without VNNI; this one has it (DESIGN.md section 7)
-        QuantType.QInt8,
+        config.weight_type == "int7",  # reduce_range
+        QuantType.QUInt8 if config.weight_type == "uint8" else QuantType.QInt8,
         QuantType.QInt8 if config.activation_symmetric else QuantType.QUInt8,
         copy.deepcopy(ranges),
         None,  # nodes_to_quantize: every node of op_types ...

@@ -6,15 +6,22 @@ from the choices that failed); parameters and choices it leaves out score 0.5, n
 one parameter the scores, normalised to sum to one, are the prior probabilities of its choices,
 and a configuration's prior probability is the product over its parameters. A score of 0 means
 never: the samplers draw from the space without that choice (:func:`allowed_space`).
+
+The trials can contradict a prior: its favourite choices of a parameter do worse than the ones it
+scored low. :meth:`SpacePrior.following` then flattens that parameter's prior toward uniform, as
+far as the evidence goes (:func:`prior_trust`), so that a wrong prior costs a few trials, not the
+study.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import copy
 import math
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
 from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 
@@ -23,6 +30,12 @@ from optuna_quant.samplers._discrete import DiscreteSpace
 
 Prior = Mapping[str, Mapping[Any, float]]
 NEUTRAL = 0.5
+MIN_EVIDENCE = 4
+"""Completed trials before the evidence can contradict a prior."""
+FADED_AT = 1.0
+"""The contradiction, in standard errors of a rank correlation, at which a prior is flat. 1 and
+2 were tried on the three tuning tables (docs/benchmarks.md): the same with the measured prior,
+1 the better with a mirrored (wrong) one."""
 
 
 def validate_prior(prior: Prior | None) -> dict[str, dict[Any, float]] | None:
@@ -97,6 +110,37 @@ def choice_probabilities(prior: Prior | None, name: str, choices: tuple[Any, ...
     return scores / scores.sum()
 
 
+def prior_trust(probs: list[np.ndarray], configs: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Per parameter, how far the completed trials leave its prior standing, in [0, 1].
+
+    The rank correlation ``rho`` between the prior probability of each trial's choice and how
+    well the trial did (``order``: trial indices, best first), counted in standard errors
+    (``rho * sqrt(n - 1)``): 1 while it is not negative, falling linearly to 0 at
+    :data:`FADED_AT` standard errors against the prior (its favourites miss, or a choice it
+    scored low pays). 1 before :data:`MIN_EVIDENCE` trials, and for a parameter whose trials
+    all took choices of one probability (nothing to compare).
+
+    Example:
+        >>> probs = [np.array([0.9, 0.1]), np.array([0.5, 0.5])]
+        >>> configs = np.array([[1, 0], [1, 1], [0, 0], [0, 1], [0, 0]])   # choice 1 of the first does best
+        >>> prior_trust(probs, configs, order=np.arange(5)).round(2).tolist()
+        [0.0, 1.0]
+    """
+    n = len(order)
+    trust = np.ones(len(probs))
+    if n < MIN_EVIDENCE:
+        return trust
+    goodness = np.empty(n)
+    goodness[order] = np.arange(n, 0, -1)
+    for j, p in enumerate(probs):
+        favoured = p[configs[:, j]]
+        if np.ptp(favoured) == 0:
+            continue
+        rho = float(spearmanr(favoured, goodness).statistic)
+        trust[j] = float(np.clip(1.0 + rho * np.sqrt(n - 1) / FADED_AT, 0.0, 1.0))
+    return trust
+
+
 class SpacePrior:
     """A prior on the configurations of a :class:`~._discrete.DiscreteSpace`.
 
@@ -114,16 +158,22 @@ class SpacePrior:
     """
 
     def __init__(self, space: DiscreteSpace, prior: Prior) -> None:
-        self.probs = [
-            choice_probabilities(prior, name, choices)
-            for name, choices in zip(space.names, space.choices)
-        ]
-        self.probs = [
-            np.full(len(choices), 1.0 / len(choices)) if p is None else p
-            for p, choices in zip(self.probs, space.choices)
-        ]
-        self._log_probs = [np.log(p) for p in self.probs]
+        probs = [choice_probabilities(prior, name, choices) for name, choices in zip(space.names, space.choices)]
         self._space = space
+        self._use([np.full(len(c), 1.0 / len(c)) if p is None else p for p, c in zip(probs, space.choices)])
+
+    def _use(self, probs: list[np.ndarray]) -> None:
+        self.probs = probs
+        self._log_probs = [np.log(p) for p in probs]
+
+    def following(self, configs: np.ndarray, order: np.ndarray) -> SpacePrior:
+        """This prior with each parameter's probabilities raised to its :func:`prior_trust` in
+        the completed ``configs`` (``order``: best first) and normalised: flatter where they
+        contradict it."""
+        trust = prior_trust(self.probs, np.asarray(configs, dtype=np.int64).reshape(-1, self._space.dim), order)
+        tempered = copy.copy(self)
+        tempered._use([p**t / np.sum(p**t) for p, t in zip(self.probs, trust)])
+        return tempered
 
     def log_prob(self, configs: np.ndarray) -> np.ndarray:
         """The log prior probability of each row of ``(m, dim)`` choice indices."""

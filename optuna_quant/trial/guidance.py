@@ -9,9 +9,14 @@ choice of the space does to the model's outputs and what reverting each layer co
   :func:`optuna_quant.trial.scoring.choice_scores`, with the choices that fail alone scored 0
   (:mod:`optuna_quant.trial.failures`: the measurement finds those it cannot build);
 - start-up trials are queued once: the lowest-error combination of the other scopes with every
-  layer int8; the same with only the layers whose int8 pays on its own in int8; then every layer
-  int8 but the most harmful ones, reverted to fp32 one more at a time, in order of measured harm
-  per time saved (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`).
+  layer int8; the same with each interacting pair of adjacent layers in fp32
+  (:mod:`optuna_quant.measure.interactions`); the same with only the layers whose int8 pays on
+  its own in int8; then every layer int8 but the most harmful ones, reverted to fp32 one more at
+  a time, in order of measured harm per time saved
+  (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`).
+
+:func:`prior_for_space` gives the prior of any search space, the study's own or one restricted to
+some of its parameters or choices.
 
 The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+import functools
 import itertools
 import logging
 import math
@@ -33,11 +39,14 @@ from typing import Any
 
 import onnx
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
 from optuna_quant.measure.loss import Targets
+from optuna_quant.measure.interactions import measure_pairs
+from optuna_quant.measure.interactions import PairRecovery
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.measure.sensitivity import LayerSensitivity
@@ -51,7 +60,9 @@ from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial.scoring import choice_scores
+from optuna_quant.trial.scoring import interacting_pairs
 from optuna_quant.trial.scoring import revert_order
+from optuna_quant.trial.scoring import scope_errors_within
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
 
@@ -72,6 +83,11 @@ def scope_combinations(distributions: Mapping[str, CategoricalDistribution]) -> 
     names = [name for name in distributions if not name.startswith(LAYER_PREFIX)]
     product = itertools.product(*(distributions[name].choices for name in names))
     return [dict(zip(names, values)) for values in product]
+
+
+def all_int8(space: SearchSpace, params: Mapping[str, Any]) -> QuantConfig:
+    """The configuration of ``space`` with the other scopes' ``params`` and every layer int8."""
+    return space.to_config({**space.default_params(), **params})
 
 
 def measure_space(
@@ -103,10 +119,8 @@ def measure_space(
         >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
     """
 
-    def to_config(params: Mapping[str, Any]) -> QuantConfig:
-        return space.to_config({**space.default_params(), **params})
-
     combinations = scope_combinations(space.distributions())
+    to_config = functools.partial(all_int8, space)
     errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
     if "layer" not in space.scopes:
         return errors, {}  # no layer is searched: their sensitivity would guide nothing
@@ -115,7 +129,7 @@ def measure_space(
         quantizer,
         feeds,
         space.units(),
-        base_config=to_config(lowest_error(errors)["params"]),
+        base_config=all_int8(space, lowest_error(errors)["params"]),
         n_samples=n_samples,
         profile_runs=profile_runs,
         settings=settings,
@@ -137,31 +151,29 @@ class Guidance:
         reference_acc_loss: The reference trial's ``acc_loss``, which the prior shares out over
             the layers.
         seconds: What measuring it took (a one-off cost of the study).
+        pairs: What the joint revert of each ambiguous pair of adjacent layers recovers, at the
+            same combination (:func:`~optuna_quant.measure.interactions.measure_pairs`).
     """
 
     layers: dict[str, LayerSensitivity]
     scope_errors: list[ScopeError]
     reference_acc_loss: float
     seconds: float = 0.0
+    pairs: tuple[PairRecovery, ...] = ()
 
     def prior(self, targets: Targets, space: SearchSpace) -> dict[str, dict[Any, float]]:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
-        scores = choice_scores(
-            self.layers,
-            acc_loss=self.reference_acc_loss,
-            accuracy_target=targets.acc_th,
-            scope_errors=self.scope_errors,
-        )
-        names = space.distributions()
-        return {name: by_choice for name, by_choice in scores.items() if name in names}
+        return prior_for_space(self, space.distributions(), targets)
 
     def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
         """Up to ``n`` configurations to try first, each once: the lowest-error combination of
-        the other scopes with every layer int8; the same with only the layers whose int8 pays on
-        its own in int8 (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above
-        1); then every layer int8 but the most harmful ones, reverted to fp32 one more each time.
+        the other scopes with every layer int8; the same with each interacting pair of adjacent
+        layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`), the largest
+        interaction first; the same with only the layers whose int8 pays on its own in int8
+        (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above 1); then
+        every layer int8 but the most harmful ones, reverted to fp32 one more each time.
 
-        The second comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
+        The one of the layers whose int8 pays comes from the fp32 end. Reverting one layer of the all-int8 model adds Q/DQ
         around it, so a layer can cost much speed when reverted alone and still slow the fp32
         model when quantized alone; the fastest configuration then keeps such layers in fp32
         together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
@@ -173,6 +185,9 @@ class Guidance:
         candidates = [base]
         if "layer" in space.scopes:
             units = space.units()
+            # A pair that recovers together what neither does alone is one no single revert reaches.
+            for pair in interacting_pairs(self.layers, self.pairs):
+                candidates.append({**base, **{LAYER_PREFIX + unit: "fp32" for unit in pair.layers}})
             slower = [unit for unit in units if (self.layers[unit].alone_speedup or math.inf) <= 1.0]
             # None slower is the base again; all slower, the fp32 model.
             if 0 < len(slower) < len(units):
@@ -191,7 +206,12 @@ class Guidance:
             node: {**s.to_dict(), "acc_cost": s.acc_cost, "time_saved_ms": s.time_saved_ms}
             for node, s in self.layers.items()
         }
-        rest = {"scope_errors": self.scope_errors, "reference_acc_loss": self.reference_acc_loss, "seconds": self.seconds}
+        rest = {
+            "scope_errors": self.scope_errors,
+            "reference_acc_loss": self.reference_acc_loss,
+            "seconds": self.seconds,
+            "pairs": [pair.to_dict() for pair in self.pairs],
+        }
         return layers, rest
 
     @classmethod
@@ -202,6 +222,8 @@ class Guidance:
             scope_errors=list(rest["scope_errors"]),
             reference_acc_loss=float(rest["reference_acc_loss"]),
             seconds=float(rest.get("seconds", 0.0)),
+            # Guidance stored before pairs were measured has none.
+            pairs=tuple(PairRecovery.from_dict(pair) for pair in rest.get("pairs", ())),
         )
 
 
@@ -217,9 +239,72 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
         settings=measurer.benchmark,
         timing_feed=measurer.latency_feed,
     )
+    pairs: list[PairRecovery] = []
+    if layers:
+        pairs = measure_pairs(
+            measurer.prepared.prepared,
+            measurer.quantizer,
+            measurer.feeds,
+            space.units(),
+            layers,
+            base_config=all_int8(space, lowest_error(scope_errors)["params"]),
+            settings=measurer.benchmark,
+        )
     seconds = time.perf_counter() - start
     _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
-    return Guidance(layers, scope_errors, reference_acc_loss, seconds)
+    return Guidance(layers, scope_errors, reference_acc_loss, seconds, tuple(pairs))
+
+
+def prior_for_space(
+    guidance: Guidance,
+    search_space: Mapping[str, BaseDistribution],
+    targets: Targets,
+    *,
+    fixed: Mapping[str, Any] | None = None,
+) -> dict[str, dict[Any, float]]:
+    """The prior of ``search_space`` from a measured sensitivity: per-choice scores for
+    ``sampler.set_prior`` of its categorical parameters.
+
+    The space may be the study's own or any part of it: some of its parameters (scopes switched
+    off, layers left out) and some of their choices (a table replay, a narrowed space). The
+    other scopes are scored over the measured combinations that the space holds, its parameters
+    at their choices and the others at ``fixed`` (by default the reference's: a switched-off
+    scope keeps it); the reference's loss is carried to the first such combination by the ratio
+    of the two errors. Layers are scored as measured, and a pair only where the space searches
+    both of its layers.
+
+    Args:
+        guidance: The measured sensitivity (:func:`measure_guidance`, or a study's :func:`stored`).
+        search_space: Parameter name to distribution, named as the study names them
+            (``"layer:<node>"``, ``"granularity"``...); other parameters get no prior.
+        targets: The targets: the accuracy target is what a revert's gain is counted in.
+        fixed: The choice of each measured parameter that ``search_space`` leaves out.
+
+    Example:
+        >>> space = {"layer:conv1": CategoricalDistribution(["int8", "fp32"])}
+        >>> prior_for_space(stored(study), space, Targets(accuracy_loss=1.0))  # doctest: +SKIP
+        {'layer:conv1': {'int8': 0.2, 'fp32': 0.8}}
+    """
+    choices = {name: d.choices for name, d in search_space.items() if isinstance(d, CategoricalDistribution)}
+    reference = guidance.scope_errors[0] if guidance.scope_errors else None
+    errors = scope_errors_within(guidance.scope_errors, choices, {**(reference or {}).get("params", {}), **(fixed or {})})
+    acc_loss = guidance.reference_acc_loss
+    if errors and reference is not None and errors[0] is not reference and errors[0]["error"] and reference["error"]:
+        acc_loss *= errors[0]["error"] / reference["error"]
+    measured_errors = [entry for entry in errors if entry["error"] is not None]
+    pairs = [pair for pair in guidance.pairs if all(LAYER_PREFIX + layer in choices for layer in pair.layers)]
+    scores = choice_scores(
+        guidance.layers,
+        acc_loss=acc_loss,
+        accuracy_target=targets.acc_th,
+        scope_errors=errors if measured_errors else (),
+        pairs=pairs,
+    )
+    return {
+        name: {choice: score for choice, score in by_choice.items() if choice in choices[name]}
+        for name, by_choice in scores.items()
+        if name in choices
+    }
 
 
 def guide_study(

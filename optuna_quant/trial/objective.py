@@ -152,7 +152,12 @@ class QuantizationObjective:
             latency_data=latency_data,
         )
         self.space = space or SearchSpace.from_model(
-            self.measurer.prepared.prepared, scopes=scopes, nodes=nodes, layer_groups=layer_groups, module_of_node=module_of_node
+            self.measurer.prepared.prepared,
+            scopes=scopes,
+            nodes=nodes,
+            layer_groups=layer_groups,
+            module_of_node=module_of_node,
+            int8_class=self.measurer.cpu.int8_class,
         )
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext

@@ -1,8 +1,9 @@
 """The prior over the choices, from the measured sensitivity: what samplers get as ``set_prior``.
 
 :func:`choice_scores` scores each choice of the other parameters by its all-int8 output error and
-each layer's ``fp32``/``int8`` by what its revert buys against what it costs;
-:func:`revert_order` orders the layers for the start-up trials that put them back to fp32.
+each layer's ``fp32``/``int8`` by what its revert buys against what it costs, alone or together
+with an adjacent layer it interacts with (:func:`interacting_pairs`); :func:`revert_order` orders
+the layers for the start-up trials that put them back to fp32.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from optuna_quant.measure.interactions import PairRecovery
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import ScopeError
@@ -24,6 +26,9 @@ LAYER_SCORE_RANGE = (0.05, 0.95)
 MATERIAL_BENEFIT = 0.05
 """What a revert must buy (accuracy in targets, or speed as a share of the speed-up) to matter:
 one that buys half this has a third of the odds its gain and cost alone would give."""
+INTERACTION_SHARE = 0.5
+"""A pair interacts when more than this share of what its joint revert recovers is recovered by
+neither single revert."""
 
 def _saving(s: LayerSensitivity) -> float:
     return s.time_saved_ms if s.revert_cost is None else s.revert_cost
@@ -54,6 +59,21 @@ def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
         ['c', 'b', 'a']
     """
     return sorted(sens, key=lambda n: _harm_key(sens[n]))
+
+
+def interacting_pairs(sens: Mapping[str, LayerSensitivity], pairs: Sequence[PairRecovery]) -> list[PairRecovery]:
+    """The ``pairs`` whose joint revert recovers mostly what neither single revert does
+    (:data:`INTERACTION_SHARE`), the largest interaction first.
+
+    Example:
+        >>> sens = {"a": LayerSensitivity(0.01, -0.009, 1, 1), "b": LayerSensitivity(0.1, 0.01, 1, 1)}
+        >>> [p.layers for p in interacting_pairs(sens, [PairRecovery(("a", "b"), 0.11)])]
+        [('a', 'b')]
+        >>> interacting_pairs(sens, [PairRecovery(("a", "b"), 0.015)])   # b's own revert explains it
+        []
+    """
+    found = [p for p in pairs if p.error_recovered > 0 and p.interaction(sens) > INTERACTION_SHARE * p.error_recovered]
+    return sorted(found, key=lambda p: -p.interaction(sens))
 
 
 def layer_scores(gain: float, cost: float) -> dict[str, float]:
@@ -128,12 +148,32 @@ def scope_scores(
     }
 
 
+def scope_errors_within(
+    scope_errors: Sequence[ScopeError], choices: Mapping[str, Sequence[Any]], fixed: Mapping[str, Any]
+) -> list[ScopeError]:
+    """The combinations of ``scope_errors`` that a space holds: each parameter of ``choices`` at
+    one of its choices, each other one at its ``fixed`` value (left out when it has none).
+
+    Example:
+        >>> errors = [{"params": {"g": "c", "m": "a"}, "error": 0.1}, {"params": {"g": "t", "m": "a"}, "error": 0.2},
+        ...           {"params": {"g": "c", "m": "s"}, "error": 0.3}]
+        >>> [e["error"] for e in scope_errors_within(errors, {"g": ["c", "t"]}, {"m": "a"})]
+        [0.1, 0.2]
+    """
+
+    def held(name: str, choice: Any) -> bool:
+        return choice in choices[name] if name in choices else name in fixed and choice == fixed[name]
+
+    return [entry for entry in scope_errors if all(held(name, choice) for name, choice in entry["params"].items())]
+
+
 def choice_scores(
     sens: Mapping[str, LayerSensitivity],
     *,
     acc_loss: float,
     accuracy_target: float,
     scope_errors: Sequence[ScopeError] = (),
+    pairs: Sequence[PairRecovery] = (),
 ) -> dict[str, dict[Any, float]]:
     """A prior for samplers, ``{parameter: {choice: score in (0, 1)}}``, from the measurements.
 
@@ -144,7 +184,9 @@ def choice_scores(
       error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
       summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units of
       ``accuracy_target`` (nothing when that loss, or the error it recovers, is negative); it
-      costs its measured :attr:`~LayerSensitivity.revert_cost`.
+      costs its measured :attr:`~LayerSensitivity.revert_cost`. A layer of an interacting pair
+      (:func:`interacting_pairs`) scores fp32 at least as the pair's joint revert does: what
+      the two recover together, against what the two reverts cost.
 
     Args:
         sens: The layers' sensitivity, with ``revert_cost`` measured, at the lowest-error
@@ -154,6 +196,8 @@ def choice_scores(
             scaled by the ratio of the two errors (the first entry is the reference's).
         accuracy_target: The largest acceptable relative accuracy loss, as a fraction.
         scope_errors: :func:`measure_scope_errors`' result; none: layers only.
+        pairs: What adjacent pairs' joint reverts recover
+            (:func:`~optuna_quant.measure.interactions.measure_pairs`), at the same combination.
 
     Raises:
         ValueError: If ``accuracy_target`` is not positive or a layer has no ``revert_cost``.
@@ -177,7 +221,15 @@ def choice_scores(
     # output error (noise) buys none either.
     acc_loss = max(acc_loss, 0.0)
     total = sum(max(s.error_alone, 0.0) for s in sens.values())
+
+    def gain(recovered: float) -> float:
+        return acc_loss * max(recovered, 0.0) / total / accuracy_target if total > 0 else 0.0
+
     for node, s in sens.items():
-        gain = acc_loss * max(s.error_recovered, 0.0) / total / accuracy_target if total > 0 else 0.0
-        scores[LAYER_PREFIX + node] = layer_scores(gain, s.revert_cost)  # type: ignore[arg-type]
+        scores[LAYER_PREFIX + node] = layer_scores(gain(s.error_recovered), s.revert_cost)  # type: ignore[arg-type]
+    for pair in interacting_pairs(sens, pairs):
+        joint = layer_scores(gain(pair.error_recovered), sum(sens[node].revert_cost for node in pair.layers))  # type: ignore[misc]
+        for node in pair.layers:
+            if joint["fp32"] > scores[LAYER_PREFIX + node]["fp32"]:
+                scores[LAYER_PREFIX + node] = joint
     return scores

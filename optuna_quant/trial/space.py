@@ -14,7 +14,10 @@ Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one sw
 - ``op_types``: which operator types get Q/DQ (:func:`optuna_quant.quantization.config.op_type_sets`): only the compute-heavy
   ones, onnxruntime's QDQ registry, or everything ``quantize_static`` quantizes by default;
 - ``approach``: static Q/DQ or dynamic (activations quantized at run time), on a model where
-  dynamic quantizes something (:func:`optuna_quant.quantization.config.approach_choices`).
+  dynamic quantizes something (:func:`optuna_quant.quantization.config.approach_choices`);
+- ``weight_type``: int8, 7-bit (onnxruntime's ``reduce_range``) or uint8 weights, on a CPU whose
+  int8 kernels can saturate (x86 without VNNI,
+  :func:`optuna_quant.quantization.config.weight_type_choices`).
 
 Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
 recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
@@ -59,9 +62,11 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.config import WEIGHT_MODES
+from optuna_quant.quantization.config import WEIGHT_TYPES
+from optuna_quant.quantization.config import weight_type_choices
 from optuna_quant.quantization.groups import layer_groups as read_layer_groups
 
-SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach")
+SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach", "weight_type")
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
 LAYER_PREFIX = "layer:"
 
@@ -78,6 +83,8 @@ class SearchSpace:
         approaches: The choices of the ``approach`` scope, the reference first (among
             :data:`~optuna_quant.quantization.config.APPROACHES`).
         dynamic_nodes: The quantizable nodes that the dynamic approach quantizes.
+        weight_types: The choices of the ``weight_type`` scope, the reference first (among
+            :data:`~optuna_quant.quantization.config.WEIGHT_TYPES`).
         groups: The ``layer`` scope's groups, ``(name, nodes)`` each, which split ``nodes``
             between them; none: one parameter per node.
     """
@@ -88,6 +95,7 @@ class SearchSpace:
     op_types: tuple[str, ...] = OP_TYPE_SET_NAMES
     approaches: tuple[str, ...] = APPROACHES[:1]
     dynamic_nodes: tuple[str, ...] = ()
+    weight_types: tuple[str, ...] = WEIGHT_TYPES[:1]
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
@@ -103,6 +111,8 @@ class SearchSpace:
             raise ValueError(f"op_types choices {list(self.op_types)} must be among {OP_TYPE_SET_NAMES}.")
         if not self.approaches or not set(self.approaches) <= set(APPROACHES):
             raise ValueError(f"approach choices {list(self.approaches)} must be among {APPROACHES}.")
+        if not self.weight_types or not set(self.weight_types) <= set(WEIGHT_TYPES):
+            raise ValueError(f"weight_type choices {list(self.weight_types)} must be among {WEIGHT_TYPES}.")
         grouped = [node for _, nodes in self.groups for node in nodes]
         if self.groups and (sorted(grouped) != sorted(self.nodes) or len(dict(self.groups)) != len(self.groups)):
             raise ValueError("The layer groups must have distinct names and hold every node of the space once.")
@@ -124,6 +134,7 @@ class SearchSpace:
         nodes: Iterable[str] | None = None,
         layer_groups: str | None = None,
         module_of_node: Mapping[str, str] | None = None,
+        int8_class: str | None = None,
     ) -> SearchSpace:
         """The space of ``model``: every quantizable node, or only ``nodes``.
 
@@ -139,6 +150,8 @@ class SearchSpace:
                 for one per node.
             module_of_node: The module name of each node, for a ``torch.nn.Module`` export:
                 the groups are read from it where it names the block and the role.
+            int8_class: The int8 class of the CPU that runs the trials
+                (:mod:`optuna_quant.measure.cpu`), which decides the ``weight_type`` choices.
 
         Raises:
             ValueError: If the model has no quantizable node in its top-level graph (the message
@@ -181,6 +194,7 @@ class SearchSpace:
             op_types=op_type_choices(model),
             approaches=approaches,
             dynamic_nodes=dynamic_nodes(model),
+            weight_types=weight_type_choices(int8_class),
             groups=groups,
         )
 
@@ -201,6 +215,8 @@ class SearchSpace:
             dists["op_types"] = CategoricalDistribution(self.op_types)
         if "approach" in self.scopes and len(self.approaches) > 1:
             dists["approach"] = CategoricalDistribution(self.approaches)
+        if "weight_type" in self.scopes and len(self.weight_types) > 1:
+            dists["weight_type"] = CategoricalDistribution(self.weight_types)
         return dists
 
     def suggest(self, trial: BaseTrial) -> dict[str, Any]:
@@ -246,6 +262,8 @@ class SearchSpace:
             config = replace(config, op_types=params["op_types"])
         if "approach" in distributions:
             config = replace(config, approach=params["approach"])
+        if "weight_type" in distributions:
+            config = replace(config, weight_type=params["weight_type"])
         return effective_config(config, self.dynamic_nodes)
 
     def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
@@ -260,6 +278,7 @@ class SearchSpace:
             "op_types": list(self.op_types),
             "approaches": list(self.approaches),
             "dynamic_nodes": list(self.dynamic_nodes),
+            "weight_types": list(self.weight_types),
             "groups": {name: list(nodes) for name, nodes in self.groups},
             "base": {
                 "fallback": sorted(self.base.fallback),
@@ -269,6 +288,7 @@ class SearchSpace:
                 "activation_symmetric": self.base.activation_symmetric,
                 "weight_symmetric": self.base.weight_symmetric,
                 "op_types": self.base.op_types,
+                "weight_type": self.base.weight_type,
             },
         }
 
@@ -285,5 +305,6 @@ class SearchSpace:
             # Spaces stored before the approach scope: static only.
             approaches=tuple(data.get("approaches", APPROACHES[:1])),
             dynamic_nodes=tuple(data.get("dynamic_nodes", ())),
+            weight_types=tuple(data.get("weight_types", WEIGHT_TYPES[:1])),
             groups=tuple((name, tuple(nodes)) for name, nodes in data.get("groups", {}).items()),
         )

@@ -22,6 +22,7 @@ from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._gp.bayesian_optimization import BayesianOptimization
+from optuna_quant.samplers._discrete import rank_order
 from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
@@ -49,7 +50,9 @@ class DiscreteGPSampler(InTurnSampler):
     - with a ``prior`` (per-parameter, per-choice scores, see :meth:`set_prior`), start-up
       configurations are drawn from it, and the acquisition is weighted by the prior
       probability raised to ``prior_strength / n`` after ``n`` completed trials (piBO, Hvarfner
-      et al. 2022): the prior steers the first model-based trials and fades as data accumulate;
+      et al. 2022): the prior steers the first model-based trials and fades as data accumulate,
+      and faster for a parameter whose trials contradict it
+      (:meth:`~optuna_quant.samplers._prior.SpacePrior.following`);
     - a study with several objectives is modelled on one scalar, the trials' non-domination
       rank (see :class:`~optuna_quant.samplers._discrete.History`), with the constraints as
       above.
@@ -164,7 +167,10 @@ class DiscreteGPSampler(InTurnSampler):
     ) -> Config:
         if len(history.values) < self._n_startup_trials:
             return self._random_unseen(space, seen)
-        space_prior = None if self._prior is None else SpacePrior(space, self._prior)
+        space_prior = None
+        if self._prior is not None:
+            order = rank_order(history.values, history.constraints)
+            space_prior = SpacePrior(space, self._prior).following(history.configs, order)
         optimizer = self._optimizer_for(study, space, history)
         for config, value, row in zip(
             history.configs.tolist(),

@@ -34,9 +34,11 @@ from optuna_quant.samplers._base import InTurnSampler
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
+from optuna_quant.samplers._discrete import rank_order
 from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior
+from optuna_quant.samplers._prior import SpacePrior
 from optuna_quant.samplers._tpe.candidates import best_joint
 from optuna_quant.samplers._tpe.candidates import best_per_parameter
 from optuna_quant.samplers._tpe.candidates import draw_batches
@@ -90,7 +92,9 @@ class TPESampler(InTurnSampler):
     (:mod:`optuna_quant.samplers._coordination`). With several objectives, feasible trials rank
     by non-domination rank (see :class:`~optuna_quant.samplers._discrete.History`). A ``prior``
     (per-parameter, per-choice scores, see :meth:`set_prior`) is the prior kernel of the
-    categorical parameters' estimators and the distribution of the start-up draws. The defaults
+    categorical parameters' estimators, flattened for a parameter whose trials contradict it
+    (:meth:`~optuna_quant.samplers._prior.SpacePrior.following`), and the distribution of the
+    start-up draws. The defaults
     are the settings that needed the fewest trials to reach the targets in the sampler benchmark
     (``docs/benchmarks.md``, "TPE sampler"); :meth:`pot` reproduces OpenVINO POT's use of
     hyperopt's TPE.
@@ -241,6 +245,12 @@ class TPESampler(InTurnSampler):
         if len(history.values) < self._n_startup_trials:
             x = self._random(space, dims, seen)
         else:
+            if space is not None and self._prior is not None:
+                # The estimators' prior kernels, flatter where the trials contradict the prior.
+                order = rank_order(history.values, history.constraints)
+                following = SpacePrior(space, self._prior).following(history.configs, order)
+                probs = {name: p for name, p in zip(space.names, following.probs) if name in self._prior}
+                dims = [self._dim(name, search_space[name], probs.get(name)) for name in names]
             m = min_choices(search_space.values())
             x = self._propose(history, observed, running, dims, m, space, seen)
         if space is not None:
@@ -278,11 +288,12 @@ class TPESampler(InTurnSampler):
         x = best(draw_batches(self._rng, below, above, n_candidates), dims, seen)
         return self._random(space, dims, seen) if x is None else x
 
-    def _dim(self, name: str, distribution: BaseDistribution) -> Dim:
-        """The estimators' view of a parameter, with its prior where it is categorical."""
+    def _dim(self, name: str, distribution: BaseDistribution, probs: np.ndarray | None = None) -> Dim:
+        """The estimators' view of a parameter, with its prior (or ``probs``) where it is categorical."""
         dim = dim_of(distribution)
         if isinstance(dim, CategoricalDim):
-            probs = choice_probabilities(self._prior, name, tuple(distribution.choices))  # type: ignore[attr-defined]
+            if probs is None:
+                probs = choice_probabilities(self._prior, name, tuple(distribution.choices))  # type: ignore[attr-defined]
             if probs is not None:
                 return CategoricalDim(dim.n_choices, tuple(probs.tolist()))
         return dim
@@ -305,12 +316,8 @@ def split_good_bad(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the good and of the bad observations, each in trial order.
 
-    Feasible observations rank first, by value (lower is better); infeasible ones follow, by their
-    total violation, as in Optuna's TPE. The first ``gamma(n)`` are good. Each constraint's
-    violation counts in units of its typical size, the median of its absolute values over the
-    observations: quantization's accuracy constraint lives in hundredths and its latency one in
-    tenths, and a raw sum would let latency alone decide which infeasible trials are good (the
-    benchmark in ``docs/benchmarks.md`` measured the difference).
+    The observations are ranked by :func:`~optuna_quant.samplers._discrete.rank_order`
+    (feasible first, by value; infeasible by their violation); the first ``gamma(n)`` are good.
 
     Example:
         >>> values = np.array([3.0, 1.0, 2.0, 0.5])
@@ -318,24 +325,6 @@ def split_good_bad(
         >>> [a.tolist() for a in split_good_bad(values, constraints, lambda n: 2)]
         [[1, 2], [0, 3]]
     """
-    n = len(values)
-    if constraints is None:
-        feasible = np.ones(n, dtype=bool)
-        key = values
-    else:
-        feasible = np.all(constraints <= 0, axis=1)
-        violation = (np.maximum(constraints, 0) / _typical_sizes(constraints)).sum(axis=1)
-        key = np.where(feasible, values, violation)
-    order = np.lexsort((key, ~feasible))
-    n_good = min(gamma(n), n)
+    order = rank_order(values, constraints)
+    n_good = min(gamma(len(values)), len(values))
     return np.sort(order[:n_good]), np.sort(order[n_good:])
-
-
-def _typical_sizes(constraints: np.ndarray) -> np.ndarray:
-    """The median absolute value of each constraint column; 1 where it is 0 or unknown."""
-    sizes = np.ones(constraints.shape[1])
-    for j, column in enumerate(constraints.T):
-        magnitudes = np.abs(column[np.isfinite(column)])
-        if magnitudes.size and np.median(magnitudes) > 0:
-            sizes[j] = np.median(magnitudes)
-    return sizes

@@ -1,0 +1,112 @@
+"""The prior of any search space from a measured sensitivity: part of the parameters, part of the choices."""
+
+from __future__ import annotations
+
+import onnx
+import optuna
+from optuna.distributions import CategoricalDistribution as C
+import pytest
+
+import optuna_quant as oq
+from examples.tiny_cnn import calibration_data
+from examples.tiny_cnn import fp32_agreement
+from optuna_quant.measure.interactions import PairRecovery
+from optuna_quant.measure.sensitivity import LayerSensitivity
+from optuna_quant.trial import guidance as guidance_module
+from optuna_quant.trial.guidance import Guidance
+from optuna_quant.trial.scoring import choice_scores
+
+TARGETS = oq.Targets(accuracy_loss=1.0)
+LAYER = C(["int8", "fp32"])
+
+
+def _guidance(pairs: tuple[PairRecovery, ...] = ()) -> Guidance:
+    layers = {
+        "a": LayerSensitivity(0.010, -0.004, 1.0, 0.5, 0.1),
+        "b": LayerSensitivity(0.100, 0.008, 1.0, 0.5, 0.1),
+        "c": LayerSensitivity(0.005, 0.004, 1.0, 0.5, 0.1),
+    }
+    errors = [
+        {"params": {"granularity": g, "mode": m}, "error": e}
+        for (g, m), e in {("pc", "asym"): 0.2, ("pt", "asym"): 0.4, ("pc", "sym"): 0.05, ("pt", "sym"): 0.1}.items()
+    ]
+    return Guidance(layers, errors, reference_acc_loss=0.03, pairs=pairs)
+
+
+def test_the_whole_space_gets_what_choice_scores_gives() -> None:
+    guidance = _guidance()
+    space = {"layer:a": LAYER, "layer:b": LAYER, "layer:c": LAYER, "granularity": C(["pc", "pt"]), "mode": C(["asym", "sym"])}
+    expected = choice_scores(guidance.layers, acc_loss=0.03, accuracy_target=0.01, scope_errors=guidance.scope_errors)
+    assert oq.prior_for_space(guidance, space, TARGETS) == expected
+
+
+def test_a_restricted_space_gets_the_prior_of_its_own_parameters_and_choices() -> None:
+    guidance = _guidance()
+    # mode is switched off (at the reference's asym), and one layer is left out.
+    space = {"layer:a": LAYER, "granularity": C(["pc", "pt"])}
+    prior = oq.prior_for_space(guidance, space, TARGETS)
+    assert set(prior) == {"layer:a", "granularity"}
+    # Scored among the asym combinations only: pt's error is twice pc's there.
+    assert prior["granularity"] == {"pc": 0.9, "pt": 0.5}
+    # Fixed elsewhere, the loss is predicted at the first combination held, (pc, sym): 0.03 x
+    # 0.05 / 0.2, within the target, so pt is scored by its predicted loss against the target,
+    # 0.01 / (0.0075 x 2), as for a reference that meets it (scoring.scope_scores).
+    at_sym = oq.prior_for_space(guidance, space, TARGETS, fixed={"mode": "sym"})
+    assert at_sym["granularity"] == {"pc": 0.9, "pt": 0.6667}
+    assert at_sym["layer:a"] == prior["layer:a"]  # a's revert buys nothing at either
+    # A parameter narrowed to some of its choices gets scores for those only.
+    narrowed = oq.prior_for_space(guidance, {"mode": C(["sym"]), "granularity": C(["pt"])}, TARGETS)
+    assert narrowed == {"mode": {"sym": 0.9}, "granularity": {"pt": 0.9}}
+
+
+def test_a_narrower_space_rescales_the_loss_the_layers_share_out() -> None:
+    guidance = _guidance()
+    full = oq.prior_for_space(guidance, {"layer:b": LAYER, "mode": C(["asym", "sym"])}, TARGETS)
+    # Symmetric only: the first combination held has a quarter of the reference's error.
+    sym = oq.prior_for_space(guidance, {"layer:b": LAYER, "mode": C(["sym"])}, TARGETS)
+    assert full["layer:b"] == sym["layer:b"]  # both measured at the same lowest-error combination
+    asym = oq.prior_for_space(guidance, {"layer:b": LAYER, "mode": C(["asym"])}, TARGETS)
+    assert asym["layer:b"]["fp32"] > full["layer:b"]["fp32"]  # four times the loss left to buy back
+
+
+def test_a_pair_counts_only_where_the_space_searches_both_layers() -> None:
+    guidance = _guidance(pairs=(PairRecovery(("a", "b"), 0.1),))
+    both = oq.prior_for_space(guidance, {"layer:a": LAYER, "layer:b": LAYER}, TARGETS)
+    assert both["layer:a"]["fp32"] > 0.9 and both["layer:b"]["fp32"] > 0.9
+    alone = oq.prior_for_space(guidance, {"layer:a": LAYER}, TARGETS)
+    assert alone["layer:a"]["fp32"] == 0.05  # its own revert adds error
+
+
+def test_pairs_survive_the_study_records() -> None:
+    guidance = _guidance(pairs=(PairRecovery(("a", "b"), 0.1),))
+    assert Guidance.from_records(*guidance.to_records()) == guidance
+    layers, rest = guidance.to_records()
+    del rest["pairs"]  # stored before pairs were measured
+    assert Guidance.from_records(layers, rest).pairs == ()
+
+
+def test_a_study_restricted_by_scopes_and_nodes_gives_its_sampler_that_space_prior(cnn: onnx.ModelProto, tmp_path) -> None:
+    study = oq.create_study(
+        cnn,
+        calibration_data(cnn),
+        fp32_agreement(cnn),
+        scopes=("layer", "granularity"),
+        nodes=["conv2", "fc"],
+        sampler="gp",
+        seed=0,
+        storage=f"sqlite:///{tmp_path}/study.db",
+        benchmark={"warmup": 1, "blocks": 2, "min_seconds": 0.02},
+    )
+    study.optimize(n_trials=3)
+    prior = study.study.sampler._prior
+    assert set(prior) == {"layer:conv2", "layer:fc", "granularity"}
+    assert set(prior["layer:conv2"]) == set(prior["layer:fc"]) == {"int8", "fp32"}
+    assert set(prior["granularity"]) == {"per_channel", "per_tensor"}
+    stored = guidance_module.stored(study.study)
+    assert set(stored.layers) == {"conv2", "fc"}
+    assert all(set(entry["params"]) == {"granularity"} for entry in stored.scope_errors)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
