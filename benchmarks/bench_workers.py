@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +42,7 @@ from examples.tiny_cnn import calibration_data  # noqa: E402
 from examples.tiny_cnn import fp32_agreement  # noqa: E402
 import optuna_quant as oq  # noqa: E402
 from optuna_quant.testing.postgres import postgres_server  # noqa: E402
+
 
 CHANNELS = (32, 64, 64)
 SCOPES = ("layer", "granularity", "mode")  # Entropy calibration alone takes seconds: left out

@@ -51,10 +51,11 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
-from optuna.storages._heartbeat import HeartbeatThread
 from optuna.storages import RDBStorage
+from optuna.storages._heartbeat import HeartbeatThread
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
+
 
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"

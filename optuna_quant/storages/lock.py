@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 import hashlib
@@ -15,6 +16,7 @@ import sqlalchemy
 from sqlalchemy.engine import make_url
 
 from optuna_quant.storages.urls import sqlite_file
+
 
 StudyLock = Callable[[], AbstractContextManager[None]]
 

@@ -36,6 +36,7 @@ from optuna_quant.storages.lock import sqlite_file_lock
 from optuna_quant.storages.urls import masked_url
 from optuna_quant.storages.urls import sqlite_file
 
+
 DEFAULT_STORAGE = "sqlite:///optuna_quant.db"
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 30

@@ -17,6 +17,7 @@ from optuna.storages import RDBStorage
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
+
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&]*", re.IGNORECASE)
 
 

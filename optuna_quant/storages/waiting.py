@@ -18,9 +18,10 @@ import optuna
 
 from optuna_quant._optuna_private import fail_never_beaten
 from optuna_quant._optuna_private import study_storage
-from optuna_quant.storages.rdb import grace_period
 from optuna_quant.storages.lock import StudyLock
+from optuna_quant.storages.rdb import grace_period
 from optuna_quant.storages.rdb import optuna_warnings_off
+
 
 POLL_SECONDS = 0.5
 _logger = logging.getLogger("optuna_quant")

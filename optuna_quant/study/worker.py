@@ -23,7 +23,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from contextlib import ExitStack
 import enum
 import logging
@@ -36,20 +37,21 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from optuna_quant.trial import guidance
-from optuna_quant.trial import records
 from optuna_quant._optuna_private import record_first_heartbeat
 from optuna_quant._optuna_private import stop_orphan_heartbeats
 from optuna_quant.measure.loss import Targets
+from optuna_quant.storages.lock import StudyLock
+from optuna_quant.storages.rdb import MAX_RETRY
+from optuna_quant.storages.rdb import optuna_warnings_off
+from optuna_quant.storages.waiting import Waiter
+from optuna_quant.trial import guidance
+from optuna_quant.trial import records
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.reference import check_baseline
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.stopping import target_reached
-from optuna_quant.storages.rdb import MAX_RETRY
-from optuna_quant.storages.rdb import optuna_warnings_off
-from optuna_quant.storages.lock import StudyLock
-from optuna_quant.storages.waiting import Waiter
+
 
 _logger = logging.getLogger("optuna_quant")
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)

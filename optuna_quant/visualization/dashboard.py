@@ -23,8 +23,9 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
-from optuna_quant.visualization.figures import study_figures
 from optuna_quant.storages.rdb import open_storage
+from optuna_quant.visualization.figures import study_figures
+
 
 _logger = logging.getLogger("optuna_quant")
 

@@ -21,6 +21,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 import pytest
 
+
 try:
     from optuna_quant import _optuna_private as private
 except ImportError as error:  # Optuna moved or removed a private module or name

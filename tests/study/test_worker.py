@@ -13,6 +13,7 @@ from optuna_quant.study.worker import decide
 from optuna_quant.study.worker import Step
 from optuna_quant.trial.records import REFERENCE_KEY
 
+
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 MET = {"acc_loss": 0.001, "lat_diff": 2.0}
 MISSED = {"acc_loss": 0.02, "lat_diff": 2.0}
