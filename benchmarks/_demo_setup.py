@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from examples.demo_model import build_demo_model  # noqa: E402
 from examples import demo_data  # noqa: E402
+from examples.demo_model import build_demo_model  # noqa: E402
 from optuna_quant import QuantizationObjective  # noqa: E402
 from optuna_quant import Targets  # noqa: E402
 from optuna_quant import Top1Accuracy  # noqa: E402

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 import platform
 
+
 PACKAGES = ("optuna", "numpy", "scipy", "onnx", "onnxruntime", "torch", "hyperopt")
 
 

@@ -22,8 +22,9 @@ Results go to ``benchmarks/results/approaches.json`` (one entry per model, merge
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from collections.abc import Sequence
 import copy
-from collections.abc import Callable, Sequence
 import json
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from optuna_quant.quantization.config import op_type_sets
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
+
 
 RESULTS = Path(__file__).parent / "results" / "approaches.json"
 TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=10, min_seconds=3.0)
@@ -90,8 +92,8 @@ BUILDERS: dict[str, Callable[[Quantizer], onnx.ModelProto]] = {
 
 def _minilm(count: int) -> tuple[Path, list[dict[str, np.ndarray]]]:
     from examples.bert import minilm
-    from examples.bert import SENTENCES
     from examples.bert import sentence_feeds
+    from examples.bert import SENTENCES
 
     return minilm(), sentence_feeds(SENTENCES[: 2 * count])[:count]
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 
+
 # One thread: the machine is shared, and a sampler's cost per trial is what is measured.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -33,6 +35,7 @@ import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
+
 
 N_BINARY = 25
 N_FIVE_WAY = 5

@@ -24,6 +24,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
 import dataclasses
@@ -35,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,7 @@ from examples import demo_data  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
 from optuna_quant.measure.latency import LatencyResult  # noqa: E402
 from optuna_quant.measure.latency import measure_latency  # noqa: E402
+
 
 METHODS = {"old": BenchmarkSettings(statistic="median", retimes=0), "new": BenchmarkSettings()}
 LOADS = ("none", "worker", "burn")

@@ -42,8 +42,8 @@ from optuna.trial import TrialState
 from benchmarks._versions import versions
 from examples.bert import EmbeddingAgreement
 from examples.bert import minilm
-from examples.bert import SENTENCES
 from examples.bert import sentence_feeds
+from examples.bert import SENTENCES
 import optuna_quant as oq
 from optuna_quant.measure.latency import steady_latency
 from optuna_quant.measure.measurer import Measurer
@@ -51,6 +51,7 @@ from optuna_quant.measure.sensitivity import measure_sensitivity
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.trial.scoring import revert_order
 from optuna_quant.trial.space import SearchSpace
+
 
 RESULTS = Path(__file__).parent / "results" / "minilm.json"
 

@@ -31,13 +31,14 @@ import onnxruntime as ort
 from benchmarks._versions import versions
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import measure_latency
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import opset_of
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
-from optuna_quant.quantization.config import QuantConfig
-from optuna_quant.trial.space import SearchSpace
 from optuna_quant.testing.shipped import SHIPPED
+from optuna_quant.trial.space import SearchSpace
+
 
 RESULTS = Path(__file__).parent / "results" / "prepare.json"
 TIMING = BenchmarkSettings(threads=1, warmup=3, blocks=6, min_seconds=2.0)

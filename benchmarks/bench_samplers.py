@@ -44,18 +44,23 @@ from __future__ import annotations
 
 import os
 
+
 # One thread per process: the machine is shared, and --jobs is the only parallelism wanted.
 # Set before numpy and torch load, which read these once.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Iterator, Mapping, Sequence  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from functools import lru_cache  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from dataclasses import field  # noqa: E402
 import functools  # noqa: E402
+from functools import lru_cache  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -69,12 +74,16 @@ import optuna  # noqa: E402
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
-from benchmarks.table import Key, Table, table_paths  # noqa: E402
+from benchmarks.table import Key  # noqa: E402
+from benchmarks.table import Table  # noqa: E402
+from benchmarks.table import table_paths  # noqa: E402
 from optuna_quant.measure.interactions import PairRecovery  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
-from optuna_quant.trial.guidance import Guidance, prior_for_space  # noqa: E402
+from optuna_quant.trial.guidance import Guidance  # noqa: E402
+from optuna_quant.trial.guidance import prior_for_space  # noqa: E402
 from optuna_quant.trial.scoring import layer_scores  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
+
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHECKPOINTS = (25, 50, 100)

@@ -33,6 +33,7 @@ from pathlib import Path
 import random
 import time
 
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import onnxruntime as ort  # noqa: E402
@@ -40,9 +41,9 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from benchmarks._demo_setup import demo_objective  # noqa: E402
 from examples import demo_data  # noqa: E402
-from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
 from optuna_quant.measure.sensitivity import measure_sensitivity  # noqa: E402
 from optuna_quant.measure.sensitivity import output_error  # noqa: E402
+from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 
+
 # One thread: the machine is shared, and the bar is per process.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 import functools  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -27,6 +29,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from optuna_quant.samplers import TPESampler  # noqa: E402
+
 
 N_BINARY = 26
 N_FIVE_WAY = 4

@@ -24,15 +24,15 @@ import statistics
 import tempfile
 import time
 
-from benchmarks._demo_setup import demo_objective
-from benchmarks._versions import versions
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization import QuantType
 
+from benchmarks._demo_setup import demo_objective
+from benchmarks._versions import versions
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.quantize import _family
 from optuna_quant.quantization.quantize import _percentile
-from optuna_quant.quantization.config import QuantConfig
 
 
 def quantize_static_from_scratch(objective, config: QuantConfig, out: Path) -> None:

@@ -15,7 +15,8 @@ Results go to ``benchmarks/results/weight_types.json``, one entry per model and 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 import dataclasses
 import json
 import os
@@ -26,6 +27,7 @@ from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import WEIGHT_TYPES
+
 
 RESULTS = Path(__file__).parent / "results" / "weight_types.json"
 
@@ -41,8 +43,8 @@ def minilm() -> tuple[Measurer, QuantConfig]:
     """all-MiniLM-L6-v2 from its wheel, scored by embedding agreement; dynamic reference."""
     from examples.bert import EmbeddingAgreement
     from examples.bert import minilm as minilm_path
-    from examples.bert import SENTENCES
     from examples.bert import sentence_feeds
+    from examples.bert import SENTENCES
 
     path = minilm_path()
     return Measurer(path, sentence_feeds(SENTENCES[:16]), EmbeddingAgreement(path, sentence_feeds(SENTENCES[16:]))), QuantConfig(

@@ -30,7 +30,8 @@ proxy in front of it (:func:`optuna_quant.testing.grpc_proxy.grpc_proxy`).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -44,6 +45,7 @@ import resource
 import statistics
 import tempfile
 import time
+
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -59,6 +61,7 @@ from optuna_quant.storages.factory import open_storage  # noqa: E402
 from optuna_quant.storages.lock import StudyLock  # noqa: E402
 from optuna_quant.testing.grpc_proxy import grpc_proxy  # noqa: E402
 from optuna_quant.testing.postgres import postgres_server  # noqa: E402
+
 
 LAYERS = 12
 """Convolutions of the stand-in model: with its output layer, 13 layers, 8192 configurations."""

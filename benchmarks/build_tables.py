@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import os
 
+
 # One thread: latency is measured on one thread, and the machine is shared.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 import dataclasses  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
@@ -46,18 +48,24 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from benchmarks.models.train import MODELS_DIR  # noqa: E402
-from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
+from benchmarks.table import configurations  # noqa: E402
+from benchmarks.table import Table  # noqa: E402
+from benchmarks.table import TABLES_DIR  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
-from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
-from optuna_quant.measure.latency import BenchmarkSettings, LatencyResult  # noqa: E402
-from optuna_quant.measure.loss import Targets, relative_accuracy_loss  # noqa: E402
-from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
-from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
 from optuna_quant.measure import sensitivity  # noqa: E402
+from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
 from optuna_quant.measure.interactions import measure_pairs  # noqa: E402
-from optuna_quant.trial.guidance import all_int8  # noqa: E402
-from optuna_quant.trial.space import LAYER_PREFIX, SCOPES  # noqa: E402
+from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.measure.latency import LatencyResult  # noqa: E402
+from optuna_quant.measure.loss import relative_accuracy_loss  # noqa: E402
+from optuna_quant.measure.loss import Targets  # noqa: E402
 from optuna_quant.quantization.config import QuantConfig  # noqa: E402
+from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
+from optuna_quant.trial.guidance import all_int8  # noqa: E402
+from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
+from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.trial.space import SCOPES  # noqa: E402
+
 
 N_CALIBRATION = 200
 BENCHMARK = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3, batch_size=1)

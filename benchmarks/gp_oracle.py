@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+
 # One thread per process, as in bench_samplers; set before numpy loads.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -37,13 +38,17 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
-from benchmarks.bench_samplers import quartiles, run_optuna, trials_to_target  # noqa: E402
-from benchmarks.table import Table, table_paths  # noqa: E402
+from benchmarks.bench_samplers import quartiles  # noqa: E402
+from benchmarks.bench_samplers import run_optuna  # noqa: E402
+from benchmarks.bench_samplers import trials_to_target  # noqa: E402
+from benchmarks.table import Table  # noqa: E402
+from benchmarks.table import table_paths  # noqa: E402
 from optuna_quant.samplers import DiscreteGPSampler  # noqa: E402
 from optuna_quant.samplers._discrete import DiscreteSpace  # noqa: E402
+from optuna_quant.samplers._gp import BayesianOptimization  # noqa: E402
 from optuna_quant.samplers._gp.gp import DiscreteGP  # noqa: E402
 from optuna_quant.samplers._gp.warp import warp  # noqa: E402
-from optuna_quant.samplers._gp import BayesianOptimization  # noqa: E402
+
 
 FIT_ROWS = 400
 VARIANTS = ("default", "oracle")

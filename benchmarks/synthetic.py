@@ -23,7 +23,10 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.table import TABLES_DIR, Table, configurations
+from benchmarks.table import configurations
+from benchmarks.table import Table
+from benchmarks.table import TABLES_DIR
+
 
 LAYERS = [f"layer:node_conv2d{suffix}" for suffix in ("", "_1", "_2", "_3", "_4", "_5")]
 PAIR = ("layer:node_conv2d_2", "layer:node_conv2d_3")

@@ -46,7 +46,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from functools import cached_property
 import itertools
 import json
@@ -54,7 +55,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from optuna_quant.measure.loss import LossScaling, Targets, weighted_loss
+from optuna_quant.measure.loss import LossScaling
+from optuna_quant.measure.loss import Targets
+from optuna_quant.measure.loss import weighted_loss
+
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 

@@ -31,6 +31,7 @@ import onnxruntime as ort
 
 from optuna_quant.quantization.model_io import Feed
 
+
 if TYPE_CHECKING:
     from torch import nn
 

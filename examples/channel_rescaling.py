@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 Layer = nn.Conv2d | nn.Linear
 
 

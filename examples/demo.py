@@ -22,9 +22,9 @@ from statistics import mean
 
 import optuna
 
-import optuna_quant as oq
-from examples.demo_model import build_demo_model
 from examples import demo_data
+from examples.demo_model import build_demo_model
+import optuna_quant as oq
 from optuna_quant import logs
 from optuna_quant.cli.probe import run_probe
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from examples.mnist import load_mnist
 
+
 CALIBRATION_SAMPLES = 200
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
 
+
 if TYPE_CHECKING:
     from torch import nn
 

@@ -36,19 +36,20 @@ import optuna
 import torch
 from torch import nn
 
-import optuna_quant as oq
 from examples import demo_data
 from examples.demo_model import sensitise
 from examples.demo_model import train_cnn
 from examples.mnist import load_mnist
 from examples.mnist import MnistSplit
-from optuna_quant.trial.objective import Measurement
+import optuna_quant as oq
 from optuna_quant.qat import calibrate
 from optuna_quant.qat import export_qat
 from optuna_quant.qat import freeze_parameters
 from optuna_quant.qat import group_parameters
 from optuna_quant.qat import quant_weight_inplace
 from optuna_quant.qat import quantize_modules
+from optuna_quant.trial.objective import Measurement
+
 
 CACHE_DIR = Path(".cache") / "qat"
 WEIGHTS_FILE = "mnist_cnn.pt"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from optuna_quant import _compat
 
+
 if TYPE_CHECKING:
     from optuna_quant.measure.evaluate import Top1Accuracy
     from optuna_quant.measure.latency import BenchmarkSettings

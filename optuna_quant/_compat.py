@@ -15,6 +15,7 @@ import sys
 from types import ModuleType
 import warnings
 
+
 MOVED = {
     "optuna_quant.artifacts": "optuna_quant.storages.artifacts",
     "optuna_quant.config": "optuna_quant.cli.config",

@@ -46,6 +46,7 @@ from optuna.storages import BaseStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import FrozenTrial
 
+
 # Study.enqueue_trial's key (optuna.study.Study.enqueue_trial, read by optuna.trial.Trial).
 _FIXED_PARAMS_KEY = "fixed_params"
 TRIAL_LINE_LOGGERS = ("optuna.study.study", "optuna.study._optimize")

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 import logging
 import os
 import re
@@ -40,6 +43,7 @@ from typing import Any
 
 import onnxruntime
 from tqdm import tqdm
+
 
 _LIBRARY = "optuna_quant"
 _FORMAT = "%(levelname)s:%(name)s:%(message)s"

@@ -44,6 +44,7 @@ from optuna_quant.testing.postgres import NO_BINARIES
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server
 
+
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root."""
 

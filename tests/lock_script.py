@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optuna_quant.storages.factory import open_storage  # noqa: E402

@@ -19,6 +19,7 @@ import optuna
 
 from optuna_quant.samplers.factory import make_sampler
 
+
 CHOICES = {"l0": ["int8", "fp32"], "l1": ["int8", "fp32"], "l2": ["int8", "fp32"], "l3": ["int8", "fp32"]}
 ESTIMATORS = ["minmax", "entropy", "p99"]
 

@@ -23,18 +23,18 @@ import signal
 import sys
 import time
 
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Run as a script, this file has tests/ on sys.path, not the checkout that holds examples/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import onnxruntime as ort  # noqa: E402
-
 from conftest import FAST_BENCH  # noqa: E402  (tests/ is this script's sys.path[0])
+import onnxruntime as ort  # noqa: E402
+from onnxruntime.quantization import calibrate  # noqa: E402
+
 from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
 from examples.tiny_cnn import fp32_agreement  # noqa: E402
-from onnxruntime.quantization import calibrate  # noqa: E402
-
 import optuna_quant as oq  # noqa: E402
 import optuna_quant.measure.latency  # noqa: E402
 import optuna_quant.measure.measurer  # noqa: E402

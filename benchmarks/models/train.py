@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 
+
 # One thread: the machine is shared, and training must be reproducible.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -27,17 +29,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.models.nets import (  # noqa: E402
-    MLP,
-    DepthwiseSeparableNet,
-    WideCNN,
-    fold_batchnorm,
-    log_uniform_scales,
-    outlier_scales,
-)
+from benchmarks.models.nets import DepthwiseSeparableNet  # noqa: E402
+from benchmarks.models.nets import fold_batchnorm  # noqa: E402
+from benchmarks.models.nets import log_uniform_scales  # noqa: E402
+from benchmarks.models.nets import MLP  # noqa: E402
+from benchmarks.models.nets import outlier_scales  # noqa: E402
+from benchmarks.models.nets import WideCNN  # noqa: E402
 from examples.channel_rescaling import rescale_pair  # noqa: E402
-from examples.mnist import MnistSplit, load_mnist  # noqa: E402
+from examples.mnist import load_mnist  # noqa: E402
+from examples.mnist import MnistSplit  # noqa: E402
 from optuna_quant.quantization.torch_export import export_module  # noqa: E402
+
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "benchmarks"
 # The exporter's own opset: converted down to 17, its global-average-pool ReduceMean is invalid.

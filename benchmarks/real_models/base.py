@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import onnx
 import onnxruntime as ort
 
 from optuna_quant.measure.latency import BenchmarkSettings
+
 
 Feed = dict[str, np.ndarray]
 

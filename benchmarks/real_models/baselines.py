@@ -25,10 +25,15 @@ import tempfile
 from typing import Any
 
 import onnx
-from onnxruntime.quantization import CalibrationDataReader, quant_pre_process, quantize_static
+from onnxruntime.quantization import CalibrationDataReader
+from onnxruntime.quantization import quant_pre_process
+from onnxruntime.quantization import quantize_static
 
-from benchmarks.real_models.base import Feed, Workload, session
-from optuna_quant.measure.latency import BenchmarkSettings, measure_latency
+from benchmarks.real_models.base import Feed
+from benchmarks.real_models.base import session
+from benchmarks.real_models.base import Workload
+from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import measure_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
 
 

@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from PIL import Image, ImageDraw
+from PIL import Image
+from PIL import ImageDraw
 
-from benchmarks.real_models.base import Workload, session
+from benchmarks.real_models.base import session
+from benchmarks.real_models.base import Workload
 from benchmarks.real_models.wheels import shipped_file
+
 
 NETWORKS = {"RNet": 24, "ONet": 48}  # input size; PNet, fully convolutional on a pyramid, has 4 tiny convs
 THRESHOLD = 0.7  # facenet-pytorch's default thresholds for RNet and ONet

@@ -23,13 +23,17 @@ import os
 import sys
 import tempfile
 
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import optuna  # noqa: E402
 
-from benchmarks.real_models.run import ACCURACY_LOSS, SETTINGS  # noqa: E402
-from benchmarks.real_models.workloads import build, LATENCY_TARGETS, WORKLOADS  # noqa: E402
+from benchmarks.real_models.run import ACCURACY_LOSS  # noqa: E402
+from benchmarks.real_models.run import SETTINGS  # noqa: E402
+from benchmarks.real_models.workloads import build  # noqa: E402
+from benchmarks.real_models.workloads import LATENCY_TARGETS  # noqa: E402
+from benchmarks.real_models.workloads import WORKLOADS  # noqa: E402
 import optuna_quant  # noqa: E402
 from optuna_quant.measure.sensitivity import measure_sensitivity  # noqa: E402
 

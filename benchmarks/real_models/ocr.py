@@ -12,7 +12,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 import string
 
 import numpy as np
@@ -20,8 +21,13 @@ import onnx
 import onnxruntime as ort
 
 from benchmarks.real_models.base import Workload
-from benchmarks.real_models.text import char_accuracy, ctc_greedy, random_strings, render_lines
-from benchmarks.real_models.wheels import load_module_file, shipped_file
+from benchmarks.real_models.text import char_accuracy
+from benchmarks.real_models.text import ctc_greedy
+from benchmarks.real_models.text import random_strings
+from benchmarks.real_models.text import render_lines
+from benchmarks.real_models.wheels import load_module_file
+from benchmarks.real_models.wheels import shipped_file
+
 
 DDDDOCR_HEIGHT, DDDDOCR_WIDTH = 64, 192
 PPOCR_HEIGHT, PPOCR_WIDTH = 48, 320

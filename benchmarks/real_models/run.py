@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import os
 
+
 # One thread per process: latency is timed on one thread, and the machine is shared.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 import json  # noqa: E402
@@ -48,10 +50,13 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
-from benchmarks.real_models.baselines import BASELINES, measure  # noqa: E402
-from benchmarks.real_models.workloads import LATENCY_TARGETS, build  # noqa: E402
+from benchmarks.real_models.baselines import BASELINES  # noqa: E402
+from benchmarks.real_models.baselines import measure  # noqa: E402
+from benchmarks.real_models.workloads import build  # noqa: E402
+from benchmarks.real_models.workloads import LATENCY_TARGETS  # noqa: E402
 import optuna_quant  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
+
 
 SETTINGS = BenchmarkSettings(threads=1, warmup=5, blocks=8, min_seconds=1.0)
 ACCURACY_LOSS = 1.0  # percent

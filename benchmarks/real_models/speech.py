@@ -29,6 +29,7 @@ from scipy.signal import resample_poly
 from benchmarks.real_models.base import Workload
 from benchmarks.real_models.wheels import shipped_file
 
+
 RATE = 16000
 FRAME, CONTEXT = 512, 64
 CLIP_SECONDS = 6.0

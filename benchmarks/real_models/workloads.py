@@ -12,8 +12,10 @@ from functools import partial
 
 from benchmarks.real_models.base import Workload
 from benchmarks.real_models.faces import mtcnn
-from benchmarks.real_models.ocr import ddddocr, ppocr
+from benchmarks.real_models.ocr import ddddocr
+from benchmarks.real_models.ocr import ppocr
 from benchmarks.real_models.speech import silero_vad
+
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "ddddocr": ddddocr,

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import termios
 
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COLUMNS, ROWS = 110, 50

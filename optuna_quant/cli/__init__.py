@@ -4,4 +4,5 @@ from __future__ import annotations
 
 from optuna_quant.cli.commands import main
 
+
 __all__ = ["main"]

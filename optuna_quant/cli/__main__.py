@@ -4,4 +4,5 @@ import sys
 
 from optuna_quant.cli.commands import main
 
+
 sys.exit(main())

@@ -23,7 +23,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 import logging
 import sys
 import traceback
@@ -35,25 +36,26 @@ from optuna_quant import logs
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import load_config
 from optuna_quant.cli.config import RunConfig
-from optuna_quant.visualization.dashboard import DEFAULT_HOST
-from optuna_quant.visualization.dashboard import DEFAULT_PORT
-from optuna_quant.visualization.dashboard import serve
-from optuna_quant.visualization.dashboard import study_url
-from optuna_quant.trial.records import reference_scaling
-from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import run_probe
-from optuna_quant.visualization.report import write_report
-from optuna_quant.trial.results import BestResult
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import NotWritableError
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.urls import describe
-from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.urls import sqlite_file
 from optuna_quant.storages.urls import StorageError
 from optuna_quant.study import create_study
 from optuna_quant.study import QuantStudy
+from optuna_quant.trial.records import reference_scaling
+from optuna_quant.trial.records import stored_sensitivity
+from optuna_quant.trial.results import BestResult
+from optuna_quant.visualization.dashboard import DEFAULT_HOST
+from optuna_quant.visualization.dashboard import DEFAULT_PORT
+from optuna_quant.visualization.dashboard import serve
+from optuna_quant.visualization.dashboard import study_url
+from optuna_quant.visualization.report import write_report
+
 
 _VERBOSE_HINT = "--verbose shows them"
 

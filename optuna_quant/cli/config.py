@@ -32,9 +32,9 @@ from sqlalchemy.engine import make_url
 import yaml
 
 from optuna_quant.cli.loaders import load_calibration_data
-from optuna_quant.cli.loaders import load_latency_data
 from optuna_quant.cli.loaders import load_entry_point
 from optuna_quant.cli.loaders import load_eval_data
+from optuna_quant.cli.loaders import load_latency_data
 from optuna_quant.cli.loaders import load_model
 from optuna_quant.cli.schema import check_keys
 from optuna_quant.cli.schema import config_error
@@ -51,7 +51,8 @@ from optuna_quant.storages.urls import journal_file
 from optuna_quant.storages.urls import JOURNAL_SCHEME
 from optuna_quant.storages.urls import sqlite_file
 from optuna_quant.study import create_study
-from optuna_quant.study.study import FINE_TUNE_SUFFIX
+from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
+
 
 DEFAULT_STUDY_NAME: str = inspect.signature(create_study).parameters["study_name"].default
 

@@ -18,13 +18,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 import math
 import time
 from typing import Any
 
-
+from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
@@ -33,10 +34,10 @@ from optuna_quant.measure.int8_causes import NOT_THE_CAUSE
 from optuna_quant.measure.int8_causes import slow_int8_causes
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.profile import profile_op_types
-from optuna_quant.logs import quiet_onnxruntime
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.trial.objective import Measurement
 from optuna_quant.trial.objective import QuantizationObjective
+
 
 SensitivityMap = Mapping[str, Mapping[str, float]]
 """Per-layer sensitivity: ``{node: {"acc_cost": float, "time_saved_ms": float}}``."""

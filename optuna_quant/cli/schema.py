@@ -18,8 +18,9 @@ import re
 from typing import Any
 
 from optuna_quant.quantization.groups import GROUPINGS
-from optuna_quant.study.study import TRIALS_LOAD_METHODS
+from optuna_quant.study.load_methods import TRIALS_LOAD_METHODS
 from optuna_quant.trial.objective import OBJECTIVE_MODES
+
 
 ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 """A Python entry point, ``module:function``."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+
 CPU_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2", "i8mm", "asimddp")
 """The /proc/cpuinfo flags that matter to onnxruntime's int8 kernels, fastest first."""
 DOT_PRODUCT_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni", "asimddp", "i8mm"})

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+
 EvalFn = Callable[..., float]
 
 

@@ -9,13 +9,15 @@ operator type; the probe reports them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 
 import onnx
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
+
 
 NARROW_CHANNELS = 64
 """Layers narrower than this rarely run faster in int8 than in fp32."""

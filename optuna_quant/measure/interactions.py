@@ -15,8 +15,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import replace
 import logging
 from typing import Any
 
@@ -29,6 +31,7 @@ from optuna_quant.measure.sensitivity import output_error
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
+
 
 _logger = logging.getLogger(__name__)
 

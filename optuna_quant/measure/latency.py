@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+
 _logger = logging.getLogger("optuna_quant")
 
 STATISTICS: tuple[str, ...] = ("min", "median")

@@ -25,10 +25,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 import logging
 import math
 from typing import Any
+
 
 _logger = logging.getLogger(__name__)
 

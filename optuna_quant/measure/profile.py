@@ -9,7 +9,8 @@ charged to its input's producer's layer. What stays unattributed is reported apa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ import onnxruntime as ort
 
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.quantization.model_io import Feed
+
 
 PROFILE_SUFFIX = "_kernel_time"
 

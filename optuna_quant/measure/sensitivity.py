@@ -20,8 +20,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import replace
 import logging
 import time
 from typing import Any
@@ -34,10 +39,11 @@ from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import measure_latency
 from optuna_quant.measure.profile import initializers_of
 from optuna_quant.measure.profile import profile_layers
-from optuna_quant.quantization.config import quantizable_nodes
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.config import quantizable_nodes
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
+
 
 _logger = logging.getLogger(__name__)
 

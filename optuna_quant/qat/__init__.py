@@ -24,10 +24,11 @@ from optuna_quant.qat.helper import quant_weight_inplace
 from optuna_quant.qat.nn import calibrate
 from optuna_quant.qat.nn import named_quantizers
 from optuna_quant.qat.nn import QuantConv2d
-from optuna_quant.qat.nn import QuantLinear
 from optuna_quant.qat.nn import quantize_modules
+from optuna_quant.qat.nn import QuantLinear
 from optuna_quant.qat.tensor_quantizer import TensorQuantizer
 from optuna_quant.qat.tensor_quantizer import UncalibratedQuantizerError
+
 
 __all__ = [
     "QuantConv2d",

@@ -40,6 +40,7 @@ from optuna_quant.qat.tensor_quantizer import UncalibratedQuantizerError
 from optuna_quant.quantization.torch_export import export_module
 from optuna_quant.quantization.torch_export import NATIVE_OPSET
 
+
 __all__ = ["export_qat"]
 
 

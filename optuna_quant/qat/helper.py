@@ -19,7 +19,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
 import logging
 import re
 from typing import Any
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from optuna_quant.qat.tensor_quantizer import TensorQuantizer
+
 
 __all__ = ["freeze_parameters", "group_parameters", "match_parameters", "quant_weight_inplace"]
 

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from optuna_quant.qat.tensor_quantizer import TensorQuantizer
 from optuna_quant.qat.tensor_quantizer import UncalibratedQuantizerError
 
+
 __all__ = ["QuantConv2d", "QuantLinear", "calibrate", "named_quantizers", "quantize_modules"]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+
 __all__ = ["TensorQuantizer", "UncalibratedQuantizerError"]
 
 # A zero range (an all-zero weight channel, a dead activation) would give a zero scale, which

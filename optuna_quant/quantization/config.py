@@ -16,11 +16,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import replace
 import functools
 
 import onnx
+
 
 QUANTIZABLE_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 OP_TYPE_SET_NAMES: tuple[str, ...] = ("compute", "qdq", "all")

@@ -31,14 +31,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 import re
 
 import onnx
 
-from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
 from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
+
 
 GROUPINGS: tuple[str, ...] = ("block", "role")
 """The values of ``layer_groups`` besides ``None`` (one parameter per layer)."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
+from typing import Union
 
 import numpy as np
 import onnx
+
 
 ModelLike = Union[str, Path, onnx.ModelProto]
 Feed = dict[str, np.ndarray]

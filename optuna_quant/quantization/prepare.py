@@ -31,7 +31,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 import copy
 from dataclasses import dataclass
@@ -47,13 +48,14 @@ import onnx.version_converter
 import onnxruntime as ort
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import MIN_OPSET
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.quantization.model_io import name_nodes
 from optuna_quant.quantization.model_io import opset_of
-from optuna_quant.quantization.config import subgraph_quantizable_nodes
+
 
 _logger = logging.getLogger(__name__)
 

@@ -30,7 +30,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection
+from collections.abc import Iterator
+from collections.abc import Sequence
 import contextlib
 import copy
 import io
@@ -56,6 +58,7 @@ from optuna_quant.quantization.config import op_type_sets
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.dynamic import dynamic_model
 from optuna_quant.quantization.model_io import Feed
+
 
 _logger = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ import onnx.version_converter
 import torch
 from torch import nn
 
-from optuna_quant.quantization.model_io import MIN_OPSET
 from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
+from optuna_quant.quantization.model_io import MIN_OPSET
+
 
 __all__ = ["QUANTIZABLE_OP_TYPES", "export_module"]
 

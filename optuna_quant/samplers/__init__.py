@@ -14,4 +14,5 @@ from optuna_quant.samplers._gp import DiscreteGPSampler
 from optuna_quant.samplers._gp import TargetSpace
 from optuna_quant.samplers._tpe import TPESampler
 
+
 __all__ = ["BayesianOptimization", "DiscreteGPSampler", "TPESampler", "TargetSpace", "acq_max"]

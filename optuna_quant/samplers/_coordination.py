@@ -24,7 +24,9 @@ cut short by its bound (a worker that hangs or died mid-choice) can let two coin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 import json
 import time
 from typing import Any
@@ -43,6 +45,7 @@ from optuna_quant._optuna_private import study_storage
 from optuna_quant._optuna_private import trial_id
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
+
 
 CLAIM_KEY = "optuna_quant:claim"
 DEFAULT_WAIT_SECONDS = 5.0

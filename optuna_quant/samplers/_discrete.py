@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 
 from optuna_quant._optuna_private import study_identity
 
+
 Config = tuple[int, ...]
 
 # Enumerating more configurations than this costs more memory than it saves over sampling.

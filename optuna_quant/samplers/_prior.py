@@ -21,12 +21,13 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
 from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
+from scipy.stats import spearmanr
 
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
+
 
 Prior = Mapping[str, Mapping[Any, float]]
 NEUTRAL = 0.5

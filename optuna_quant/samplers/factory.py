@@ -7,6 +7,7 @@ import optuna
 from optuna_quant.samplers._gp import DiscreteGPSampler
 from optuna_quant.samplers._tpe import TPESampler
 
+
 SAMPLER_NAMES = ("tpe", "gp", "random")
 
 

@@ -18,8 +18,8 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.artifacts import get_all_artifact_meta
 from optuna.artifacts import upload_artifact
 
-from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.storages.lock import StudyLock
+from optuna_quant.storages.rdb import optuna_warnings_off
 
 
 class NotWritableError(ValueError):

@@ -46,6 +46,7 @@ from optuna_quant.storages.urls import masked_url
 from optuna_quant.storages.urls import SHARED_STORAGES
 from optuna_quant.storages.urls import StorageError
 
+
 DATABASES = ("sqlite", "postgresql", "mysql", "mariadb")
 """The databases whose workers share a lock of the database (:mod:`optuna_quant.storages.lock`)."""
 GRPC_READY_SECONDS = 10.0

@@ -26,7 +26,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Hashable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 import logging
@@ -42,6 +46,7 @@ from optuna.trial import TrialState
 
 from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant.storages.rdb import optuna_warnings_off
+
 
 HEARTBEAT_KEY = "optuna_quant:heartbeat"
 STALE_KEY = "optuna_quant:stale"

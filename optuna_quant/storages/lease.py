@@ -45,6 +45,7 @@ from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.heartbeat import repeating
 from optuna_quant.storages.heartbeat import Silence
 
+
 LEASE_KEY = "optuna_quant:lease"
 LOCK_SUFFIX = ":optuna_quant:lock"
 _UNFINISHED = (TrialState.WAITING, TrialState.RUNNING)

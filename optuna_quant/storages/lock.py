@@ -19,7 +19,8 @@ lock of this process alone would let workers on two machines run the same trial 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 import hashlib
@@ -41,6 +42,7 @@ from optuna_quant.storages.urls import describe
 from optuna_quant.storages.urls import SHARED_STORAGES
 from optuna_quant.storages.urls import sqlite_file
 from optuna_quant.storages.urls import StorageError
+
 
 StudyLock = Callable[[], AbstractContextManager[None]]
 

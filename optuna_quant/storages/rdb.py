@@ -33,6 +33,7 @@ from optuna_quant.storages.urls import masked_url
 from optuna_quant.storages.urls import sqlite_file
 from optuna_quant.storages.urls import StorageError
 
+
 DEFAULT_STORAGE = "sqlite:///optuna_quant.db"
 ARTIFACT_DIR_SUFFIX = "-artifacts"
 DEFAULT_ARTIFACT_DIR = "optuna_quant" + ARTIFACT_DIR_SUFFIX

@@ -22,6 +22,7 @@ from optuna.storages import RDBStorage
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
+
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&]*", re.IGNORECASE)
 JOURNAL_SCHEME = "journal:"
 GRPC_SCHEME = "grpc://"

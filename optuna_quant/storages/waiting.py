@@ -7,7 +7,8 @@ configuration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 import logging
 import time
 from typing import TypeVar
@@ -17,6 +18,7 @@ from optuna.trial import FrozenTrial
 
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
+
 
 POLL_SECONDS = 0.5
 _logger = logging.getLogger("optuna_quant")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from optuna_quant.study.study import create_study
+from optuna_quant.study.create import create_study
 from optuna_quant.study.study import QuantStudy
+
 
 __all__ = ["QuantStudy", "create_study"]

@@ -28,11 +28,12 @@ import logging
 
 import optuna
 
-from optuna_quant.trial import records
 from optuna_quant.measure.loss import Targets
+from optuna_quant.storages.urls import describe
+from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.space import SearchSpace
-from optuna_quant.storages.urls import describe
+
 
 _logger = logging.getLogger("optuna_quant")
 

@@ -26,7 +26,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from contextlib import nullcontext
 import enum
@@ -41,25 +42,26 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from optuna_quant.trial import guidance
-from optuna_quant.trial import records
 from optuna_quant._optuna_private import clear_trials_cache
 from optuna_quant._optuna_private import log_completed_trial
 from optuna_quant._optuna_private import study_identity
-from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant._optuna_private import trial_id
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant.measure.loss import Targets
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.heartbeat import MAX_RETRY
+from optuna_quant.storages.heartbeat import queue_again
+from optuna_quant.storages.lock import StudyLock
+from optuna_quant.storages.rdb import optuna_warnings_off
+from optuna_quant.storages.waiting import Waiter
+from optuna_quant.trial import guidance
+from optuna_quant.trial import records
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.reference import check_baseline
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.stopping import target_reached
-from optuna_quant.storages.heartbeat import Heartbeat
-from optuna_quant.storages.heartbeat import MAX_RETRY
-from optuna_quant.storages.heartbeat import queue_again
-from optuna_quant.storages.rdb import optuna_warnings_off
-from optuna_quant.storages.lock import StudyLock
-from optuna_quant.storages.waiting import Waiter
+
 
 _logger = logging.getLogger("optuna_quant")
 # Where optimize logs a pruned or failed trial: logs.compact_trial_lines sums up its parameters there.

@@ -17,6 +17,7 @@ import tempfile
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.testing.postgres import free_port
 
+
 START_SECONDS = 60.0
 
 

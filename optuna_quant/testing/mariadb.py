@@ -26,6 +26,7 @@ import time
 from optuna_quant.testing.postgres import free_port
 from optuna_quant.testing.postgres import run_as
 
+
 DATABASE = "optuna_quant"
 USER = "quant"
 NO_BINARIES = "MariaDB binaries (mariadbd, mariadb-install-db) are not installed: apt-get install mariadb-server"

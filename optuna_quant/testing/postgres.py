@@ -23,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 
+
 DATABASE = "optuna_quant"
 USER = "quant"
 NO_BINARIES = "PostgreSQL binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"

@@ -32,7 +32,9 @@ from optuna_quant.quantization.model_io import Feed
 
 def text_line(text: str, height: int, width: int, channels: int) -> np.ndarray:
     """``text`` rendered black on white, as a ``(1, channels, height, width)`` float array in [0, 1]."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image
+    from PIL import ImageDraw
+    from PIL import ImageFont
 
     image = Image.new("L", (width, height), 255)
     ImageDraw.Draw(image).text((4, height // 4), text, fill=0, font=ImageFont.load_default(size=height // 2))

@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -33,6 +34,7 @@ from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import records
 from optuna_quant.trial.space import SearchSpace
+
 
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 

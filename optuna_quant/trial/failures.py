@@ -23,7 +23,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 import logging
 from typing import Any
 
@@ -37,6 +38,7 @@ from optuna_quant.trial import records
 from optuna_quant.trial.records import ForbiddenChoice
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
+
 
 _logger = logging.getLogger("optuna_quant")
 

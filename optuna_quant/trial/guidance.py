@@ -28,7 +28,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 import functools
 import itertools
@@ -42,12 +43,10 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 
-from optuna_quant.trial import failures
-from optuna_quant.trial import records
-from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.interactions import measure_pairs
 from optuna_quant.measure.interactions import PairRecovery
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
@@ -59,12 +58,15 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.storages.lock import StudyLock
+from optuna_quant.trial import failures
+from optuna_quant.trial import records
 from optuna_quant.trial.scoring import choice_scores
 from optuna_quant.trial.scoring import interacting_pairs
 from optuna_quant.trial.scoring import revert_order
 from optuna_quant.trial.scoring import scope_errors_within
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
+
 
 _logger = logging.getLogger("optuna_quant")
 

@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 import logging
@@ -55,6 +56,7 @@ from optuna_quant.trial.results import result_of
 from optuna_quant.trial.space import SCOPES
 from optuna_quant.trial.space import SearchSpace
 from optuna_quant.trial.stopping import target_reached
+
 
 _logger = logging.getLogger("optuna_quant")
 

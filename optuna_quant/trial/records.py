@@ -43,6 +43,7 @@ from optuna_quant.measure.loss import LossScaling
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.space import SearchSpace
 
+
 FP32_ACCURACY_KEY = "fp32_accuracy"
 FP32_LATENCY_KEY = "fp32_latency_ms"
 SCALING_KEY = "loss_scaling"

@@ -27,6 +27,7 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial import records
 
+
 _logger = logging.getLogger("optuna_quant")
 WHAT = "Reference (default configuration)"
 """How the log lines name the reference."""

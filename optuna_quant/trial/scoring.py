@@ -8,7 +8,8 @@ the layers for the start-up trials that put them back to fp32.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import ScopeError
 from optuna_quant.trial.space import LAYER_PREFIX
+
 
 SCORE_RANGE = (0.1, 0.9)
 """The lowest and highest score of a choice of the other parameters: a prior, never a verdict."""

@@ -40,8 +40,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from typing import Any
 
 import onnx
@@ -56,15 +59,16 @@ from optuna_quant.quantization.config import effective_config
 from optuna_quant.quantization.config import GRANULARITIES
 from optuna_quant.quantization.config import op_type_choices
 from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
-from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
-from optuna_quant.quantization.config import quantizable_nodes
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.config import WEIGHT_MODES
-from optuna_quant.quantization.config import WEIGHT_TYPES
 from optuna_quant.quantization.config import weight_type_choices
+from optuna_quant.quantization.config import WEIGHT_TYPES
 from optuna_quant.quantization.groups import layer_groups as read_layer_groups
+
 
 SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach", "weight_type")
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")

@@ -25,8 +25,9 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_quant.visualization.figures import study_figures
 from optuna_quant.storages.factory import open_storage
+from optuna_quant.visualization.figures import study_figures
+
 
 _logger = logging.getLogger("optuna_quant")
 

@@ -21,7 +21,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import optuna
@@ -32,6 +34,7 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import recorded
+
 
 ACC_LOSS_LABEL = "acc_loss (relative accuracy loss against fp32)"
 LAT_DIFF_LABEL = "lat_diff (fp32 latency / int8 latency, x)"

@@ -26,6 +26,7 @@ from optuna_quant.trial.results import recorded
 from optuna_quant.visualization.figures import figures_of
 from optuna_quant.visualization.figures import study_targets
 
+
 _STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1000px; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+
 PACKAGE = Path(__file__).resolve().parents[2] / "optuna_quant"
 
 LAYERS: tuple[tuple[str, ...], ...] = (

@@ -18,6 +18,7 @@ from optuna.storages import InMemoryStorage
 from optuna.storages import RDBStorage
 import pytest
 
+
 try:
     from optuna_quant import _optuna_private as private
 except ImportError as error:  # Optuna moved or removed a private module or name

@@ -20,6 +20,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+
 PACKAGE = Path(__file__).resolve().parents[2] / "optuna_quant"
 GATEWAY = PACKAGE / "_optuna_private.py"
 OWN_KEY_PREFIX = "optuna_quant:"

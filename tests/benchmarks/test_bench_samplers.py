@@ -11,33 +11,37 @@ import numpy as np
 import optuna
 import pytest
 
+
 # benchmarks/ is a folder of the checkout, not of the installed package: make it importable
 # however pytest is started.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.bench_samplers import (  # noqa: E402
-    BASELINES,
-    HYPEROPT_TPE,
-    Task,
-    Trace,
-    best_feasible_lat_diff,
-    checkpoints,
-    count_duplicates,
-    main,
-    run_optuna,
-    median_missing_worst,
-    run_task,
-    sensitivity_prior,
-    smallest_choice_count,
-    standin_prior,
-    summarise,
-    trials_to_target,
-)
+from benchmarks.bench_samplers import BASELINES  # noqa: E402
+from benchmarks.bench_samplers import best_feasible_lat_diff  # noqa: E402
+from benchmarks.bench_samplers import checkpoints  # noqa: E402
+from benchmarks.bench_samplers import count_duplicates  # noqa: E402
+from benchmarks.bench_samplers import HYPEROPT_TPE  # noqa: E402
+from benchmarks.bench_samplers import main  # noqa: E402
+from benchmarks.bench_samplers import median_missing_worst  # noqa: E402
+from benchmarks.bench_samplers import run_optuna  # noqa: E402
+from benchmarks.bench_samplers import run_task  # noqa: E402
+from benchmarks.bench_samplers import sensitivity_prior  # noqa: E402
+from benchmarks.bench_samplers import smallest_choice_count  # noqa: E402
+from benchmarks.bench_samplers import standin_prior  # noqa: E402
+from benchmarks.bench_samplers import summarise  # noqa: E402
+from benchmarks.bench_samplers import Task  # noqa: E402
+from benchmarks.bench_samplers import Trace  # noqa: E402
+from benchmarks.bench_samplers import trials_to_target  # noqa: E402
 from benchmarks.synthetic import synthetic_table  # noqa: E402
-from benchmarks.table import TABLES_DIR, Table, configurations  # noqa: E402
+from benchmarks.table import configurations  # noqa: E402
+from benchmarks.table import Table  # noqa: E402
+from benchmarks.table import TABLES_DIR  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
-from optuna_quant.trial.scoring import LAYER_SCORE_RANGE, choice_scores, layer_scores  # noqa: E402
 from optuna_quant.quantization.config import QuantConfig  # noqa: E402
+from optuna_quant.trial.scoring import choice_scores  # noqa: E402
+from optuna_quant.trial.scoring import LAYER_SCORE_RANGE  # noqa: E402
+from optuna_quant.trial.scoring import layer_scores  # noqa: E402
+
 
 # acc_loss, lat_diff of each configuration of a 2 x 3 space; targets 1 % and 1.5.
 TINY_RESULTS = {
@@ -213,7 +217,10 @@ def test_runs_merge_into_one_report(tmp_path: Path) -> None:
 
 
 def test_gp_oracle_keeps_its_hyperparameters_through_a_study() -> None:
-    from benchmarks.gp_oracle import OracleGPSampler, _table_and_gps, oracle_gps, run_one
+    from benchmarks.gp_oracle import _table_and_gps
+    from benchmarks.gp_oracle import oracle_gps
+    from benchmarks.gp_oracle import OracleGPSampler
+    from benchmarks.gp_oracle import run_one
     from optuna_quant.samplers import DiscreteGPSampler
 
     table = Table.load(TABLES_DIR / "mlp.json")
@@ -364,8 +371,13 @@ def test_committed_model_tables_carry_the_error_of_every_scope_combination(name:
 
 
 def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -> None:
-    from benchmarks.build_tables import BENCHMARK, Setup, table_config, with_sensitivity
-    from examples.tiny_cnn import build_cnn, calibration_data, fp32_agreement
+    from benchmarks.build_tables import BENCHMARK
+    from benchmarks.build_tables import Setup
+    from benchmarks.build_tables import table_config
+    from benchmarks.build_tables import with_sensitivity
+    from examples.tiny_cnn import build_cnn
+    from examples.tiny_cnn import calibration_data
+    from examples.tiny_cnn import fp32_agreement
     from optuna_quant.trial.objective import QuantizationObjective
 
     model = build_cnn()

@@ -17,10 +17,15 @@ import pytest
 
 from benchmarks.real_models import run
 from benchmarks.real_models.base import session
-from benchmarks.real_models.baselines import BASELINES, layer_counts, measure
-from benchmarks.real_models.text import char_accuracy, fonts, render_lines
+from benchmarks.real_models.baselines import BASELINES
+from benchmarks.real_models.baselines import layer_counts
+from benchmarks.real_models.baselines import measure
+from benchmarks.real_models.text import char_accuracy
+from benchmarks.real_models.text import fonts
+from benchmarks.real_models.text import render_lines
 from benchmarks.real_models.workloads import build
 from optuna_quant.measure.latency import BenchmarkSettings
+
 
 FAST = BenchmarkSettings(threads=1, warmup=1, blocks=2, min_seconds=0.02)
 
@@ -75,7 +80,9 @@ def test_mtcnn_networks_load_the_shipped_weights_and_tell_drawn_faces() -> None:
 
 @needs("silero_vad", tool="espeak-ng")
 def test_vad_ground_truth_marks_the_speech_and_fp32_follows_it() -> None:
-    from benchmarks.real_models.speech import FRAME, espeak, frame_labels
+    from benchmarks.real_models.speech import espeak
+    from benchmarks.real_models.speech import FRAME
+    from benchmarks.real_models.speech import frame_labels
 
     speech = np.concatenate([np.zeros(20 * FRAME, np.float32), espeak("hello there", "en-us", 160, 50)])
     labels = frame_labels(np.concatenate([speech, np.zeros(20 * FRAME, np.float32)]))

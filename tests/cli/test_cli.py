@@ -7,6 +7,10 @@ import re
 import subprocess
 import sys
 
+from conftest import assert_int8_layers
+from conftest import load_project_study
+from conftest import subprocess_env
+from conftest import write_project
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,15 +18,12 @@ import optuna
 import pytest
 import yaml
 
-from conftest import assert_int8_layers
-from conftest import load_project_study
-from conftest import subprocess_env
-from conftest import write_project
 from optuna_quant.cli import main
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.records import SPACE_KEY
 from optuna_quant.trial.records import TARGETS_KEY
 from optuna_quant.trial.results import best_trial
+
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("optuna-quant")
 

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import onnx
 from onnx import helper
 from onnx import numpy_helper
-import numpy as np
 import onnxruntime as ort
 import pytest
 
 import optuna_quant as oq
-from optuna_quant.measure.latency import LatencyResult
-from optuna_quant.trial.objective import Measurement
-from optuna_quant.measure.cpu import int8_support
-from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import ProbeReport
 from optuna_quant.cli.probe import run_probe
-from optuna_quant.measure.int8_causes import slow_int8_causes
 from optuna_quant.cli.probe import suggest_targets
+from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.cpu import Int8Support
+from optuna_quant.measure.int8_causes import slow_int8_causes
+from optuna_quant.measure.latency import LatencyResult
+from optuna_quant.trial.objective import Measurement
+
 
 NO_VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx2",))
 VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx512_vnni", "avx2"))

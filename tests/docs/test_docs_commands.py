@@ -37,20 +37,20 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from urllib.error import URLError
 from urllib.request import urlopen
 
+from conftest import assert_int8_layers
+from conftest import subprocess_env
 import numpy as np
 import onnx
 import onnxruntime as ort
 import optuna
 import pytest
+import tomllib
 import torch
 import yaml
 
-from conftest import assert_int8_layers
-from conftest import subprocess_env
 from examples.demo_model import build_demo_model
 from examples.demo_model import CACHE_DIR
 from examples.demo_model import train_cnn
@@ -59,13 +59,14 @@ from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
 from optuna_quant.cli import commands as cli
-from optuna_quant.measure.cpu import int8_support
 from optuna_quant.cli.config import ConfigError
 from optuna_quant.cli.config import parse_config
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.testing.shipped import SHIPPED
 from optuna_quant.trial import records
 from optuna_quant.trial.records import stored_targets
 from optuna_quant.trial.results import best_trial
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 import re
-import tomllib
 
 import optuna
+import tomllib
+
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

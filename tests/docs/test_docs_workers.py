@@ -22,6 +22,12 @@ import subprocess
 import optuna
 from optuna.trial import TrialState
 import pytest
+from test_docs_commands import _env
+from test_docs_commands import _the
+from test_docs_commands import _working_copy
+from test_docs_commands import GRPC_PROXY
+from test_docs_commands import WORKER_COMMANDS
+from test_docs_commands import WORKERS_MD
 import yaml
 
 from optuna_quant.storages.factory import open_storage
@@ -29,12 +35,7 @@ from optuna_quant.study.worker import counted_trials
 from optuna_quant.testing import mariadb
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server
-from test_docs_commands import _env
-from test_docs_commands import _the
-from test_docs_commands import _working_copy
-from test_docs_commands import GRPC_PROXY
-from test_docs_commands import WORKER_COMMANDS
-from test_docs_commands import WORKERS_MD
+
 
 TIMEOUT = 1800  # two workers of the demo's model on a loaded 2-core machine
 

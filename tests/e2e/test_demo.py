@@ -8,14 +8,15 @@ import re
 import subprocess
 import sys
 
+from conftest import subprocess_env
 import optuna
 import pytest
 
 from examples import demo
 from examples.demo_model import build_demo_model
 from examples.mnist import load_mnist
-from conftest import subprocess_env
 import optuna_quant as oq
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = ROOT / "docs" / "transcripts"

@@ -6,6 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 

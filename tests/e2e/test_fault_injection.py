@@ -23,17 +23,18 @@ import subprocess
 import sys
 import time
 
+from conftest import subprocess_env
 import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 import pytest
 
-from conftest import subprocess_env
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import MAX_RETRY
+from optuna_quant.study.worker import counted_trials
 from optuna_quant.trial.records import is_reference
 from optuna_quant.trial.records import WORKER_KEY
-from optuna_quant.study.worker import counted_trials
+
 
 pytestmark = pytest.mark.slow
 

@@ -15,21 +15,22 @@ import socket
 import subprocess
 import sys
 
+from conftest import subprocess_env
 import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 import pytest
 
-from conftest import subprocess_env
-from optuna_quant.testing.postgres import postgresql_psycopg2
 from optuna_quant.measure.loss import Targets
+from optuna_quant.study.worker import counted_trials
+from optuna_quant.testing.postgres import postgresql_psycopg2
+from optuna_quant.trial.records import is_reference
 from optuna_quant.trial.records import SCALING_KEY
 from optuna_quant.trial.records import TARGETS_KEY
 from optuna_quant.trial.records import WORKER_KEY
-from optuna_quant.trial.records import is_reference
 from optuna_quant.trial.stopping import meets_targets
 from optuna_quant.trial.stopping import target_reached
-from optuna_quant.study.worker import counted_trials
+
 
 pytestmark = pytest.mark.postgres
 

@@ -10,6 +10,7 @@ from torch import nn
 
 import optuna_quant as oq
 
+
 # The ONNX node of each tunable layer of the model below, and the torch module it comes from.
 NODE_MODULES = {"node_conv2d": "0", "node_conv2d_1": "2", "node_linear": "5"}
 

@@ -13,16 +13,17 @@ from onnx import numpy_helper
 import optuna
 import pytest
 
-import optuna_quant as oq
 from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
+import optuna_quant as oq
 from optuna_quant.measure.interactions import adjacent_pairs
 from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.trial.guidance import measure_guidance
 from optuna_quant.trial.guidance import prior_for_space
 from optuna_quant.trial.scoring import interacting_pairs
+
 
 LAYERS = ("conv1", "conv2", "conv3", "conv4", "fc")
 PAIR = ("conv2", "conv3")

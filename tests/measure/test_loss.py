@@ -6,10 +6,10 @@ import pytest
 
 from optuna_quant.measure.loss import best_index
 from optuna_quant.measure.loss import latency_term
-from optuna_quant.measure.loss import SPEEDUP_NOISE
 from optuna_quant.measure.loss import LossScaling
 from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.measure.loss import Result
+from optuna_quant.measure.loss import SPEEDUP_NOISE
 from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.loss import weighted_loss
 

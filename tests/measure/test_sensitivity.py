@@ -5,29 +5,29 @@ from __future__ import annotations
 import json
 import logging
 
+from conftest import CNN_LAYERS
 import numpy as np
 import onnx
 from onnx import numpy_helper
 import pytest
 
-import optuna_quant as oq
-from conftest import CNN_LAYERS
-from examples.tiny_cnn import calibration_data
-from optuna_quant.trial.guidance import Guidance
-from optuna_quant.quantization.model_io import to_feeds
-from optuna_quant.quantization.quantize import Quantizer
 from examples.tiny_cnn import build_cnn
-from optuna_quant.trial.scoring import choice_scores
+from examples.tiny_cnn import calibration_data
+import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
 from optuna_quant.measure.sensitivity import measure_sensitivity
-from optuna_quant.trial.guidance import measure_space
-from optuna_quant.trial.scoring import revert_order
-from optuna_quant.trial.guidance import scope_combinations
-from optuna_quant.trial.scoring import scope_scores
 from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.model_io import to_feeds
+from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.trial.guidance import Guidance
+from optuna_quant.trial.guidance import measure_space
+from optuna_quant.trial.guidance import scope_combinations
+from optuna_quant.trial.scoring import choice_scores
+from optuna_quant.trial.scoring import revert_order
+from optuna_quant.trial.scoring import scope_scores
 from optuna_quant.trial.space import SearchSpace
 
 

@@ -5,18 +5,18 @@ import logging
 
 import pytest
 
+
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from optuna_quant.qat import (  # noqa: E402
-    UncalibratedQuantizerError,
-    calibrate,
-    freeze_parameters,
-    group_parameters,
-    match_parameters,
-    quant_weight_inplace,
-    quantize_modules,
-)
+from optuna_quant.qat import calibrate  # noqa: E402
+from optuna_quant.qat import freeze_parameters  # noqa: E402
+from optuna_quant.qat import group_parameters  # noqa: E402
+from optuna_quant.qat import match_parameters  # noqa: E402
+from optuna_quant.qat import quant_weight_inplace  # noqa: E402
+from optuna_quant.qat import quantize_modules  # noqa: E402
+from optuna_quant.qat import UncalibratedQuantizerError  # noqa: E402
+
 
 torch.set_num_threads(1)
 

@@ -6,21 +6,21 @@ import warnings
 import numpy as np
 import pytest
 
+
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
 from torch import nn  # noqa: E402
 
-from optuna_quant.qat import (  # noqa: E402
-    QuantConv2d,
-    QuantLinear,
-    TensorQuantizer,
-    UncalibratedQuantizerError,
-    calibrate,
-    export_qat,
-    named_quantizers,
-    quantize_modules,
-)
+from optuna_quant.qat import calibrate  # noqa: E402
+from optuna_quant.qat import export_qat  # noqa: E402
+from optuna_quant.qat import named_quantizers  # noqa: E402
+from optuna_quant.qat import QuantConv2d  # noqa: E402
+from optuna_quant.qat import quantize_modules  # noqa: E402
+from optuna_quant.qat import QuantLinear  # noqa: E402
+from optuna_quant.qat import TensorQuantizer  # noqa: E402
+from optuna_quant.qat import UncalibratedQuantizerError  # noqa: E402
+
 
 torch.set_num_threads(1)
 

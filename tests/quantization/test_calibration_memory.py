@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import subprocess_env
 
+
 ACTIVATION_BYTES = 8 * 32 * 64 * 64 * 4
 """Bytes of the calibrated activations of one sample: 4 Conv and 4 Relu outputs of 32x64x64."""
 

@@ -24,6 +24,7 @@ from optuna_quant.quantization.groups import ROLES
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
 
+
 # The module of each weighted role in transformers' BertLayer.
 ROLE_MODULES = {
     "query": "attention.self.query",

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 from onnx import TensorProto
+import onnxruntime as ort
 import pytest
 
 import optuna_quant as oq
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
-from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.trial.space import SearchSpace
 
 

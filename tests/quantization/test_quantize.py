@@ -6,21 +6,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 import onnxruntime as ort
-import optuna
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization.calibrate import create_calibrator
+import optuna
 import pytest
 
+from optuna_quant.quantization.config import op_type_choices
+from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
+from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.model_io import batch_of
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.quantize import collect
 from optuna_quant.quantization.quantize import ENTROPY_NUM_BINS
 from optuna_quant.quantization.quantize import Quantizer
-from optuna_quant.quantization.config import op_type_choices
-from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
-from optuna_quant.quantization.config import QuantConfig
-from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.trial.space import SearchSpace
 
 

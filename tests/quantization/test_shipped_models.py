@@ -14,14 +14,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import opset_of
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
-from optuna_quant.quantization.config import QuantConfig
-from optuna_quant.trial.space import SearchSpace
 from optuna_quant.testing.shipped import SHIPPED
 from optuna_quant.testing.shipped import ShippedModel
 from optuna_quant.testing.shipped import text_line
+from optuna_quant.trial.space import SearchSpace
+
 
 # name: (opset as shipped, quantizable layers once prepared)
 EXPECTED = {

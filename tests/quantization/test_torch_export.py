@@ -6,12 +6,14 @@ import numpy as np
 import onnx
 import pytest
 
+
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 from torch import nn  # noqa: E402
 
 from optuna_quant.quantization.config import QUANTIZABLE_OP_TYPES  # noqa: E402
 from optuna_quant.quantization.torch_export import export_module  # noqa: E402
+
 
 torch.set_num_threads(1)
 

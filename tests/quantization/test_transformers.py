@@ -17,10 +17,10 @@ import pytest
 from examples.bert import EmbeddingAgreement
 from examples.bert import minilm
 from examples.bert import minilm_dir
-from examples.bert import SENTENCES
 from examples.bert import sentence_feeds
-from optuna_quant.quantization.config import RANGE_ESTIMATORS
+from examples.bert import SENTENCES
 from optuna_quant.quantization.config import QuantConfig
+from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
 

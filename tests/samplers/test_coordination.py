@@ -3,8 +3,8 @@ seed on one study, a trial that has not chosen yet, and the wait's bound."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+import time
 
 import optuna
 import pytest
@@ -13,6 +13,7 @@ from optuna_quant.samplers import DiscreteGPSampler
 from optuna_quant.samplers import TPESampler
 from optuna_quant.samplers._coordination import CLAIM_KEY
 from optuna_quant.samplers._coordination import wait_bound
+
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -8,17 +8,16 @@ import numpy as np
 import optuna
 import pytest
 
-from optuna_quant.samplers._gp.gp import DiscreteGP
+from optuna_quant.samplers._gp import acq_max
+from optuna_quant.samplers._gp import BayesianOptimization
+from optuna_quant.samplers._gp import ConstrainedExpectedImprovement
+from optuna_quant.samplers._gp import DiscreteGPSampler
+from optuna_quant.samplers._gp import ExpectedImprovement
+from optuna_quant.samplers._gp import TargetSpace
+from optuna_quant.samplers._gp import UpperConfidenceBound
 from optuna_quant.samplers._gp.acqf import _log_h
-from optuna_quant.samplers._gp import (
-    BayesianOptimization,
-    ConstrainedExpectedImprovement,
-    DiscreteGPSampler,
-    ExpectedImprovement,
-    TargetSpace,
-    UpperConfidenceBound,
-    acq_max,
-)
+from optuna_quant.samplers._gp.gp import DiscreteGP
+
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

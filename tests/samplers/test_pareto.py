@@ -10,6 +10,7 @@ from optuna_quant.samplers import DiscreteGPSampler
 from optuna_quant.samplers import TPESampler
 from optuna_quant.samplers.factory import SAMPLER_NAMES
 
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

@@ -17,6 +17,7 @@ from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
 from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
 from optuna_quant.samplers._tpe.probability_distributions import CategoricalDim
 
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 LAYERS = [f"l{i}" for i in range(8)]

@@ -10,10 +10,10 @@ from pathlib import Path
 import subprocess
 import sys
 
+from conftest import subprocess_env
 import optuna
 import pytest
 
-from conftest import subprocess_env
 
 pytestmark = pytest.mark.slow  # two or three interpreters and 31 to 37 trials a case
 

@@ -12,13 +12,14 @@ from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
 import pytest
 
+from optuna_quant.samplers import TPESampler
 from optuna_quant.samplers._discrete import constraint_matrix
 from optuna_quant.samplers._tpe.candidates import best_unseen_combination
 from optuna_quant.samplers._tpe.sampler import quantile_gamma
 from optuna_quant.samplers._tpe.sampler import split_good_bad
 from optuna_quant.samplers._tpe.sampler import sqrt_gamma
 from optuna_quant.samplers._tpe.search_space import min_choices
-from optuna_quant.samplers import TPESampler
+
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

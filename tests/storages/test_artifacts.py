@@ -3,11 +3,11 @@ writes to (create_study, export_best, the config file, the CLI)."""
 
 from __future__ import annotations
 
+from conftest import assert_int8_layers
 import onnx
 from optuna.artifacts import get_all_artifact_meta
 import pytest
 
-from conftest import assert_int8_layers
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import model_filename
 from optuna_quant.storages.artifacts import NotWritableError

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
+from conftest import subprocess_env
 import optuna
 
-from conftest import subprocess_env
 
 WORKERS, FILES = 8, 12
 # Each process waits for the start file, then opens the fresh storages one after the other, in

@@ -9,16 +9,17 @@ import signal
 import subprocess
 import sys
 
+from conftest import subprocess_env
 import optuna
 import pytest
 
 import optuna_quant as oq
-from conftest import subprocess_env
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.lock import UnsupportedStorageError
 from optuna_quant.storages.urls import StorageError
+
 
 SCRIPT = Path(__file__).parents[1] / "lock_script.py"
 WORKERS, TIMES = 3, 15

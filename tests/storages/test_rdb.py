@@ -12,8 +12,8 @@ import optuna_quant as oq
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.rdb import DEFAULT_ARTIFACT_DIR
 from optuna_quant.storages.rdb import default_artifact_dir
-from optuna_quant.storages.urls import StorageError
 from optuna_quant.storages.urls import sqlite_file
+from optuna_quant.storages.urls import StorageError
 from optuna_quant.testing.postgres import free_port
 
 

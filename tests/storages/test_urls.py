@@ -9,9 +9,9 @@ import optuna
 import pytest
 
 import optuna_quant as oq
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import study_lock
-from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.urls import grpc_address
 from optuna_quant.storages.urls import journal_file
 from optuna_quant.storages.urls import masked_url

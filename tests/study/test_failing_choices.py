@@ -19,9 +19,9 @@ import pytest
 from optuna_quant.measure.evaluate import Top1Accuracy
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import to_feeds
-from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.trial import records
 from optuna_quant.trial.failures import failing_alone

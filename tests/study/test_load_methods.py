@@ -16,6 +16,7 @@ from optuna_quant.study.load_methods import plan_load
 from optuna_quant.trial import records
 from optuna_quant.trial.space import SearchSpace
 
+
 SPACE = SearchSpace(nodes=("conv", "fc"), scopes=frozenset({"layer", "granularity"}))
 TARGETS = Targets(accuracy_loss=1.0)
 SCOPES = ("layer",)

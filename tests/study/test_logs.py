@@ -14,11 +14,11 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import subprocess_env
 import onnx
 from onnx import helper
 import pytest
 
-from conftest import subprocess_env
 from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 from optuna_quant import logs

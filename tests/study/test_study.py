@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from conftest import assert_int8_layers
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,15 +13,14 @@ import optuna
 from optuna.trial import TrialState
 import pytest
 
-from conftest import assert_int8_layers
 from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial import records
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
-from optuna_quant.trial.records import stored_sensitivity
-from optuna_quant.measure.latency import RETIMES
 from optuna_quant.trial.records import SCALING_KEY
+from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.trial.records import WORKER
 from optuna_quant.trial.records import WORKER_KEY
 from optuna_quant.trial.stopping import target_reached

@@ -16,6 +16,7 @@ from optuna_quant.study.worker import Worker
 from optuna_quant.trial import records
 from optuna_quant.trial.records import REFERENCE_KEY
 
+
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 MET = {"acc_loss": 0.001, "lat_diff": 2.0}
 MISSED = {"acc_loss": 0.02, "lat_diff": 2.0}

@@ -14,6 +14,7 @@ from optuna_quant._optuna_private import trial_id
 from optuna_quant.trial import records
 from optuna_quant.trial.claim import claim
 
+
 MEASURED = {"acc_loss": 0.004, "lat_diff": 1.8, "accuracy": 0.97}
 
 

@@ -7,14 +7,15 @@ import optuna
 from optuna.distributions import CategoricalDistribution as C
 import pytest
 
-import optuna_quant as oq
 from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
+import optuna_quant as oq
 from optuna_quant.measure.interactions import PairRecovery
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.trial import guidance as guidance_module
 from optuna_quant.trial.guidance import Guidance
 from optuna_quant.trial.scoring import choice_scores
+
 
 TARGETS = oq.Targets(accuracy_loss=1.0)
 LAYER = C(["int8", "fp32"])

@@ -11,6 +11,7 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.trial import records
 from optuna_quant.trial.space import SearchSpace
 
+
 SPACE = SearchSpace(nodes=("conv", "fc"), scopes=frozenset({"layer", "granularity"}))
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 MEASURED = {"acc_loss": 0.004, "lat_diff": 1.8, "accuracy": 0.97, "int8_latency_ms": 1.2, "loss": -3.5}

@@ -14,6 +14,7 @@ from optuna_quant.trial.results import recorded
 from optuna_quant.trial.results import result_of
 from optuna_quant.trial.results import trial_loss
 
+
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 
 

@@ -12,6 +12,7 @@ from optuna_quant.trial.records import REFERENCE_KEY
 from optuna_quant.trial.stopping import meets_targets
 from optuna_quant.trial.stopping import target_reached
 
+
 TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 
 

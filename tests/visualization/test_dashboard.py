@@ -20,24 +20,25 @@ import time
 from urllib.error import URLError
 from urllib.request import urlopen
 
+from conftest import assert_int8_layers
+from conftest import load_project_study
+from conftest import subprocess_env
 import onnx
 import optuna
 import pytest
 
-from conftest import assert_int8_layers
-from conftest import load_project_study
-from conftest import subprocess_env
 from examples import demo
-from optuna_quant.visualization.dashboard import DashboardFigures
-from optuna_quant.visualization.dashboard import save_figures
-from optuna_quant.visualization.dashboard import study_url
-from optuna_quant.trial.records import SENSITIVITY_KEY
 from optuna_quant.measure.loss import Targets
-from optuna_quant.trial.records import TARGETS_KEY
-from optuna_quant.trial.results import best_trial
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.urls import StorageError
 from optuna_quant.testing.postgres import free_port
+from optuna_quant.trial.records import SENSITIVITY_KEY
+from optuna_quant.trial.records import TARGETS_KEY
+from optuna_quant.trial.results import best_trial
+from optuna_quant.visualization.dashboard import DashboardFigures
+from optuna_quant.visualization.dashboard import save_figures
+from optuna_quant.visualization.dashboard import study_url
+
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")

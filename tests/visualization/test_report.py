@@ -9,11 +9,11 @@ import optuna
 import pytest
 
 from optuna_quant.measure.loss import Targets
-from optuna_quant.visualization.figures import running_best
 from optuna_quant.trial.records import SENSITIVITY_KEY
+from optuna_quant.trial.results import best_trial
+from optuna_quant.visualization.figures import running_best
 from optuna_quant.visualization.report import render_report
 from optuna_quant.visualization.report import write_report
-from optuna_quant.trial.results import best_trial
 
 
 @pytest.mark.parametrize("objective_mode", ["loss", "pareto"])

@@ -40,6 +40,7 @@ from optuna_quant.samplers._gp.optim import acq_max
 from optuna_quant.samplers._gp.sampler import DiscreteGPSampler
 from optuna_quant.samplers._gp.target_space import TargetSpace
 
+
 __all__ = [
     "BayesianOptimization",
     "ConstrainedExpectedImprovement",

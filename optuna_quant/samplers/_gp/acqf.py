@@ -7,12 +7,14 @@ scores, higher being more promising; the target is maximised, as in INC.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 import math
 from typing import Any
 
 import numpy as np
-from scipy.special import erfcx, log_ndtr
+from scipy.special import erfcx
+from scipy.special import log_ndtr
 
 
 Model = Any  # anything with ``predict(X, return_std=True) -> (mean, std)``

@@ -33,6 +33,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+
 _LOG_2PI = math.log(2.0 * math.pi)
 # Bounds of the log-hyperparameters: beyond them the likelihood is flat or the matrix singular.
 _LOG_THETA_BOUNDS = (math.log(1e-4), math.log(20.0))

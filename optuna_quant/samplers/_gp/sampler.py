@@ -21,8 +21,8 @@ from optuna_quant.samplers._discrete import choices_of
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 from optuna_quant.samplers._discrete import History
-from optuna_quant.samplers._gp.bayesian_optimization import BayesianOptimization
 from optuna_quant.samplers._discrete import rank_order
+from optuna_quant.samplers._gp.bayesian_optimization import BayesianOptimization
 from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import choice_probabilities
 from optuna_quant.samplers._prior import Prior

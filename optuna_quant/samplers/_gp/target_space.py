@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from optuna_quant.samplers._discrete import Config
+
 
 RandomSeed = int | np.random.RandomState | None
 

@@ -8,4 +8,5 @@ from __future__ import annotations
 
 from optuna_quant.samplers._tpe.sampler import TPESampler
 
+
 __all__ = ["TPESampler"]

@@ -22,6 +22,7 @@ from optuna_quant.samplers._tpe.probability_distributions import Dim
 from optuna_quant.samplers._tpe.search_space import indices_of
 from optuna_quant.samplers._tpe.search_space import values_of
 
+
 # Candidate batches drawn, all of them seen, before a random unseen configuration is taken.
 _DRAW_ROUNDS = 4
 

@@ -55,6 +55,7 @@ from optuna_quant.samplers._tpe.search_space import is_finite
 from optuna_quant.samplers._tpe.search_space import min_choices
 from optuna_quant.samplers._tpe.search_space import values_of
 
+
 # Both hyperopt and Optuna cap the good set at 25 observations.
 _MAX_GOOD = 25
 

@@ -22,6 +22,7 @@ from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._tpe.probability_distributions import Dim
 from optuna_quant.samplers._tpe.probability_distributions import NumericDim
 
+
 # Values of one numeric parameter beyond which the space is treated as continuous.
 _MAX_LISTED_VALUES = 10_000
 
