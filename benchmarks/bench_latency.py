@@ -41,7 +41,6 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 
-import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from benchmarks._demo_setup import demo_objective  # noqa: E402

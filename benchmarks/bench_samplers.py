@@ -53,7 +53,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
