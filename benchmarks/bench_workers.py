@@ -10,11 +10,17 @@ machine's cores measure what the workers spend coordinating, not computing. The 
 optuna-quant's TPE sampler kept on its random start-up draws (its model fit would be compute);
 the space, 13 layers of a small random CNN, holds 8192 configurations.
 
+Beside each run, the same number of plain Optuna workers (``optuna.load_study`` with Optuna's
+``RandomSampler`` and ``optimize(n_trials=--rounds)``, no heartbeat, no lock, no budget shared
+over the study) suggest the same 13 layers and sleep as long: the floor that Optuna itself sets
+on this machine, so that the figures say what optuna-quant's protocol adds to it.
+
 Reported per run, from the study's own timestamps: trials per minute in the steady state (from one
 trial after the reference completed to one trial before the last trial completed, so that the
 start and the end of the budget, where workers idle whatever the protocol, are left out), the
 efficiency against one worker (rate / (workers x the rate of one)), the study lock's wait and
-hold per trial and the wait's share of a trial's time, and the CPU seconds per trial of the
+hold per trial and the wait's share of a trial's time, those of the configurations' locks
+(the claims), and the CPU seconds per trial of the
 worker processes and of the servers (the database, and the proxy).
 
 Run::
@@ -50,6 +56,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import optuna  # noqa: E402
+from optuna.storages import GrpcStorageProxy  # noqa: E402
 import sqlalchemy  # noqa: E402
 
 from examples.tiny_cnn import build_cnn  # noqa: E402
@@ -59,6 +66,7 @@ from optuna_quant.measure.latency import LatencyResult  # noqa: E402
 from optuna_quant.measure.measurer import Measurement  # noqa: E402
 from optuna_quant.storages.factory import open_storage  # noqa: E402
 from optuna_quant.storages.lock import StudyLock  # noqa: E402
+from optuna_quant.storages.urls import grpc_address  # noqa: E402
 from optuna_quant.testing.grpc_proxy import grpc_proxy  # noqa: E402
 from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 
@@ -66,6 +74,7 @@ from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 LAYERS = 12
 """Convolutions of the stand-in model: with its output layer, 13 layers, 8192 configurations."""
 STORAGES = ("postgresql", "grpc")
+PROTOCOLS = ("optuna-quant", "plain optuna")
 MEASURED = Measurement(
     accuracy=0.99, acc_loss=0.01, latency=LatencyResult(fp32_ms=1.0, int8_ms=0.5, lat_diff=2.0, spread=0.0),
     quantize_seconds=0.0, eval_seconds=0.0, latency_seconds=0.0,
@@ -80,6 +89,8 @@ class WorkerCost:
     locks: int = 0
     lock_wait: float = 0.0
     lock_hold: float = 0.0
+    claim: WorkerCost | None = None
+    """The configurations' locks (:func:`optuna_quant.storages.lock.claim_locks`)."""
 
 
 @dataclass
@@ -87,6 +98,7 @@ class Run:
     """One run of ``workers`` workers on a fresh study."""
 
     storage: str
+    protocol: str
     workers: int
     seconds: float
     trials: int
@@ -96,6 +108,8 @@ class Run:
     server_cpu_per_trial: float
     lock_wait_per_trial: float
     lock_hold_per_trial: float
+    claim_wait_per_trial: float
+    claim_hold_per_trial: float
     efficiency: float = 0.0
 
 
@@ -144,8 +158,10 @@ def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, ar
 
     study.objective.measurer.measure = measure
     study.objective.measurer.baseline = lambda: 1.0
-    cost = WorkerCost()
+    cost = WorkerCost(claim=WorkerCost())
     study.objective.lock = timed(study.objective.lock, cost)
+    locks = study.objective.claim_locks
+    study.objective.claim_locks = lambda key: timed(locks(key), cost.claim)
     ready.wait()  # every worker made: the runs start together
     before = resource.getrusage(resource.RUSAGE_SELF)
     study.optimize(n_trials=n_trials)
@@ -154,12 +170,33 @@ def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, ar
     results.put(cost)
 
 
+def plain_work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, ready, results) -> None:  # type: ignore[no-untyped-def]
+    """One plain Optuna worker: ``n_trials // workers`` trials (``--rounds``) of the same stand-in."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    address = grpc_address(url)
+    storage = url if address is None else GrpcStorageProxy(host=address[0], port=address[1])
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=seed))
+
+    def objective(trial: optuna.Trial) -> float:
+        for layer in range(LAYERS + 1):
+            trial.suggest_categorical(f"layer_{layer}", ["int8", "fp32"])
+        time.sleep(seconds)
+        return 1.0
+
+    ready.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    study.optimize(objective, n_trials=n_trials)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    results.put(WorkerCost(cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)))
+
+
 def steady_rate(trials: Sequence[optuna.trial.FrozenTrial], seconds: float) -> float:
-    """Trials per minute completed from one trial after the reference to one trial before the end."""
-    reference = next(t for t in trials if t.user_attrs.get("reference"))
-    start = reference.datetime_complete.timestamp() + seconds
+    """Trials per minute completed from one trial after the reference (plain Optuna: the first trial)
+    to one trial before the end."""
+    first = next((t for t in trials if t.user_attrs.get("reference")), min(trials, key=lambda t: t.datetime_complete))
+    start = first.datetime_complete.timestamp() + seconds
     end = max(t.datetime_complete for t in trials).timestamp() - seconds
-    done = sum(1 for t in trials if t is not reference and start < t.datetime_complete.timestamp() <= end)
+    done = sum(1 for t in trials if t is not first and start < t.datetime_complete.timestamp() <= end)
     return 60 * done / (end - start)
 
 
@@ -202,14 +239,18 @@ def server_pids(database_url: str, proxy_url: str | None) -> list[int]:
     return pids
 
 
-def run(storage: str, url: str, servers: list[int], workers: int, rounds: int, seconds: float, label: str) -> Run:
+def run(storage: str, protocol: str, url: str, servers: list[int], workers: int, rounds: int, seconds: float, label: str) -> Run:
     """Run ``workers`` worker processes on a fresh study until it holds ``workers * rounds`` trials."""
     context = multiprocessing.get_context("fork")  # the workers share the parent's imports
     ready, results = context.Barrier(workers + 1), context.Queue()
-    n_trials = workers * rounds
+    if protocol == "optuna-quant":
+        target, n_trials = work, workers * rounds
+    else:
+        optuna.create_study(study_name=label, storage=open_storage(url))
+        target, n_trials = plain_work, rounds
     with tempfile.TemporaryDirectory() as artifacts:
         processes = [
-            context.Process(target=work, args=(url, label, n_trials, seed, seconds, artifacts, ready, results))
+            context.Process(target=target, args=(url, label, n_trials, seed, seconds, artifacts, ready, results))
             for seed in range(workers)
         ]
         for process in processes:
@@ -225,6 +266,7 @@ def run(storage: str, url: str, servers: list[int], workers: int, rounds: int, s
     trials = optuna.load_study(study_name=label, storage=open_storage(url)).get_trials()
     return Run(
         storage=storage,
+        protocol=protocol,
         workers=workers,
         seconds=seconds,
         trials=len(trials),
@@ -234,6 +276,8 @@ def run(storage: str, url: str, servers: list[int], workers: int, rounds: int, s
         server_cpu_per_trial=server_cpu / len(trials),
         lock_wait_per_trial=sum(c.lock_wait for c in costs) / len(trials),
         lock_hold_per_trial=sum(c.lock_hold for c in costs) / len(trials),
+        claim_wait_per_trial=sum(c.claim.lock_wait for c in costs if c.claim) / len(trials),
+        claim_hold_per_trial=sum(c.claim.lock_hold for c in costs if c.claim) / len(trials),
     )
 
 
@@ -258,17 +302,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"load average before: {os.getloadavg()}", flush=True)
         runs: list[Run] = []
         for i, workers in enumerate(counts):
-            result = run(args.storage, url, servers, workers, args.rounds, args.seconds, f"bench-{workers}-{i}")
-            result.efficiency = result.trials_per_minute / (workers * runs[0].trials_per_minute / runs[0].workers) if runs else 1.0
-            runs.append(result)
-            print(
-                f"{args.storage} {workers:3d} worker(s): {result.trials_per_minute:7.1f} trials/min, efficiency "
-                f"{result.efficiency:.2f}; per trial: lock wait {1000 * result.lock_wait_per_trial:.0f} ms "
-                f"({result.lock_wait_per_trial / result.median_trial_seconds:.1%} of {result.median_trial_seconds:.2f} s), "
-                f"hold {1000 * result.lock_hold_per_trial:.0f} ms, CPU {1000 * result.worker_cpu_per_trial:.0f} ms in "
-                f"workers + {1000 * result.server_cpu_per_trial:.0f} ms in servers",
-                flush=True,
-            )
+            for protocol in PROTOCOLS:  # side by side: the machine's load weighs on both alike
+                result = run(args.storage, protocol, url, servers, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}")
+                alone = next((r for r in runs if r.protocol == protocol), result)
+                result.efficiency = result.trials_per_minute / (workers * alone.trials_per_minute / alone.workers)
+                runs.append(result)
+                print(
+                    f"{args.storage} {protocol:>12} {workers:3d} worker(s): {result.trials_per_minute:7.1f} trials/min, "
+                    f"efficiency {result.efficiency:.2f}; per trial: lock wait {1000 * result.lock_wait_per_trial:.0f} ms "
+                    f"({result.lock_wait_per_trial / result.median_trial_seconds:.1%} of {result.median_trial_seconds:.2f} s), "
+                    f"hold {1000 * result.lock_hold_per_trial:.0f} ms; claim's lock wait {1000 * result.claim_wait_per_trial:.0f} ms, "
+                    f"hold {1000 * result.claim_hold_per_trial:.0f} ms; CPU {1000 * result.worker_cpu_per_trial:.0f} ms in "
+                    f"workers + {1000 * result.server_cpu_per_trial:.0f} ms in servers",
+                    flush=True,
+                )
         print(f"load average after: {os.getloadavg()}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")

@@ -42,7 +42,6 @@ from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant._optuna_private import storage_backend
 from optuna_quant._optuna_private import study_identity
 from optuna_quant._optuna_private import study_storage
-from optuna_quant._optuna_private import trial_id
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
 
@@ -91,16 +90,17 @@ def other_trials(
     undecided = [
         t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
     ]
-    # Only those are looked at again, one row each: with tens of workers, reading every running
-    # trial at each look cost more than the choice.
-    storage, _ = study_identity(study)
+    # One read of the study's unfinished trials a look (Optuna's cache keeps the finished ones): with
+    # tens of workers, reading the undecided trials one row each cost more than the choice.
+    storage, study_id = study_identity(study)
     poll = _POLL_SECONDS
     while undecided and time.monotonic() < deadline:
         time.sleep(poll)
         poll = min(2 * poll, _MAX_POLL_SECONDS)
-        fresh = {t.number: storage.get_trial(trial_id(t)) for t in undecided}
-        trials = [fresh.get(t.number, t) for t in trials]
-        undecided = [t for t in fresh.values() if t.state == TrialState.RUNNING and held_params(t, names) is None]
+        trials = [t for t in storage.get_all_trials(study_id, deepcopy=False) if t.number != trial.number]
+        undecided = [
+            t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
+        ]
     return trials
 
 

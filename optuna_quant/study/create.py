@@ -31,6 +31,7 @@ from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import GRACE_PERIOD
 from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.heartbeat import HEARTBEAT_INTERVAL
+from optuna_quant.storages.lock import claim_locks
 from optuna_quant.storages.lock import in_memory
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.rdb import default_artifact_dir
@@ -183,6 +184,7 @@ def create_study(
         targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
         fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
         stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, heartbeat=heartbeat,
+        claim_locks=claim_locks(storage_obj, plan.name, heartbeat),
         guided=sensitivity, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)

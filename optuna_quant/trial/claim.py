@@ -7,19 +7,22 @@ and measures it. The first claim under the lock wins, whatever the trial numbers
 queued trial is popped; a running reference trial holds the default configuration so. If the
 claiming trial's worker dies, the heartbeat fails that trial and the next one claims.
 
-The trials are read before the lock. Under it, only those that may have claimed the
-configuration since are read again, one row each: the trials made since, and those that were
-queued or running without a claim, holding this configuration or none yet. With tens of workers,
-reading every running trial under the lock made it the study's bottleneck.
+The trials are read before the lock, and read again under it. The lock is the configuration's
+(:func:`optuna_quant.storages.lock.claim_locks`): claims of two configurations do not wait on
+each other where the storage has named locks, so that with tens of workers the claims do not
+queue behind the study lock.
 
 Example:
-    >>> previous, seen = claim(study, trial, params, space, lock, heartbeat)   # doctest: +SKIP
+    >>> previous, seen = claim(study, trial, params, space, locks, lock, heartbeat)   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Sequence
+import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import optuna
@@ -27,16 +30,25 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_quant._optuna_private import study_identity
-from optuna_quant._optuna_private import trial_id
+from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.samplers._coordination import held_params
 from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.lock import ClaimLocks
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import records
 from optuna_quant.trial.space import SearchSpace
 
 
-_UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
+def config_key(config: QuantConfig) -> str:
+    """A digest of ``config`` that every process computes alike (a set's order is per process).
+
+    Example:
+        >>> config_key(QuantConfig(fallback=frozenset({"a", "b"}))) == config_key(QuantConfig(fallback=frozenset({"b", "a"})))
+        True
+    """
+    fields = {**dataclasses.asdict(config), "fallback": sorted(config.fallback)}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def claim(
@@ -44,6 +56,7 @@ def claim(
     trial: optuna.Trial,
     params: Mapping[str, Any],
     space: SearchSpace,
+    locks: ClaimLocks,
     lock: StudyLock,
     heartbeat: Heartbeat | None,
 ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
@@ -52,12 +65,17 @@ def claim(
     Configurations are compared as ``space`` builds them (:meth:`SearchSpace.to_config`): params
     that differ only in a scope their approach ignores are the same configuration.
 
+    Args:
+        locks: The locks of the configurations; the claim takes that of ``params``.
+        lock: The study lock, under which a wait fails the trials of dead workers.
+
     Returns:
         That trial or ``None``, and the trials read to decide: the stop-on-target check and the
         trial's last log line reuse them.
     """
     names = list(params)
     config = space.to_config(params)
+    config_lock = locks(config_key(config))
     storage, study_id = study_identity(study)
 
     def same(values: Mapping[str, Any]) -> bool:
@@ -66,10 +84,9 @@ def claim(
         except ValueError:  # a trial that has not set all its parameters yet
             return False
 
-    def holds(other: FrozenTrial) -> bool | None:
-        """Whether ``other`` holds ``params``; ``None`` while it has chosen nothing."""
+    def holds(other: FrozenTrial) -> bool:
         held = held_params(other, names)
-        return None if held is None else same(held)
+        return held is not None and same(held)
 
     def taken(trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial | None, str] | None:
         """The measured trial to copy, or what to wait for; ``None`` while the configuration is free."""
@@ -83,26 +100,11 @@ def claim(
                 return None, f"trial {other.number}, which measures the same configuration"
         return None
 
-    def since(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-        """``trials`` with those that may have claimed ``params`` since they were read, read again."""
-        again = {
-            t.number: storage.get_trial(trial_id(t))
-            for t in trials
-            if t.number != trial.number and t.state in _UNFINISHED and not records.is_measuring(t) and holds(t) is not False
-        }
-        fresh = [again.get(t.number, t) for t in trials]
-        while True:
-            try:
-                made = storage.get_trial_id_from_study_id_trial_number(study_id, len(fresh))
-            except KeyError:
-                return fresh
-            fresh.append(storage.get_trial(made))
-
     def look(trials: Sequence[FrozenTrial]) -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
         found = taken(trials)
         if found is None:
-            with lock():
-                found = taken(since(trials))
+            with config_lock():
+                found = taken(storage.get_all_trials(study_id, deepcopy=False))
                 if found is None:
                     records.claim(trial)
                     return (None, list(trials)), ""

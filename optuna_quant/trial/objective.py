@@ -41,6 +41,7 @@ from optuna_quant.measure.measurer import Measurement
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.lock import ClaimLocks
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
@@ -104,6 +105,8 @@ class QuantizationObjective:
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
+        claim_locks: The lock of each configuration (:func:`optuna_quant.storages.lock.claim_locks`);
+            ``lock`` for every configuration if ``None``.
         heartbeat: This worker's heartbeat, which ends a wait on a dead worker's trial; none
             needed for a single process.
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
@@ -135,6 +138,7 @@ class QuantizationObjective:
         stop_on_target: bool = False,
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
+        claim_locks: ClaimLocks | None = None,
         heartbeat: Heartbeat | None = None,
         pre_process: bool | str = True,
         guided: bool = False,
@@ -163,6 +167,7 @@ class QuantizationObjective:
         )
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext
+        self.claim_locks: ClaimLocks = claim_locks or (lambda key: self.lock)
         self.heartbeat = heartbeat
         self.scaling: LossScaling | None = None
         self.started = time.perf_counter()
@@ -243,7 +248,7 @@ class QuantizationObjective:
             error = failures.ForbiddenChoiceError(forbidden)
             records.record_failure(trial, error)
             raise error
-        previous, seen = claim(study, trial, params, self.space, self.lock, self.heartbeat)
+        previous, seen = claim(study, trial, params, self.space, self.claim_locks, self.lock, self.heartbeat)
         if previous is not None:
             records.copy_result(trial, previous)
             _logger.info(

@@ -2,7 +2,7 @@
 
 :class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
 :mod:`optuna_quant.visualization.figures` in the study after a trial (every trial of a worker alone,
-about every 10 s beside other workers), where optuna-dashboard shows them on the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
+at most every 10 s for the study beside other workers), where optuna-dashboard shows them on the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
 ``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
 
 Example:
@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 import time
 
@@ -25,6 +24,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_quant._optuna_private import study_identity
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.visualization.figures import study_figures
 
@@ -34,6 +34,11 @@ _logger = logging.getLogger("optuna_quant")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 REFRESH_SECONDS = 10.0
+STORED_AT_KEY = "optuna_quant:figures_stored_at"
+"""Study system attr: when a worker last stored the figures (seconds since the epoch), and the
+seconds that store took."""
+COST_SHARE = 0.05
+"""Beside other workers, the figures take at most this share of one worker's time."""
 
 
 def study_url(
@@ -95,11 +100,12 @@ class DashboardFigures:
     """An ``optimize`` callback: after a trial, the study's figures are stored again for
     optuna-dashboard (those that changed).
 
-    A worker alone stores them after every trial. Beside other workers, it lets ``every``
-    seconds per other running trial pass between two stores, so that the study's figures are
-    stored about every ``every`` seconds whatever the number of workers: with tens of them,
-    rebuilding the figures after every trial of each would cost more than the trials' own
-    coordination. The last trial to end, with no other running, stores them.
+    A worker alone stores them after every trial. Beside other running trials, a worker stores
+    them only once ``every`` seconds passed since any worker of the study last did, and at least
+    the last store's time over :data:`COST_SHARE` (both kept in the study, :data:`STORED_AT_KEY`):
+    with tens of workers, rebuilding the figures of a long study after every trial of each would
+    cost more than the trials' own coordination. The last trial to end, with no other running,
+    stores them.
 
     Args:
         every: Seconds between two stores of the study's figures, over all its workers.
@@ -112,16 +118,22 @@ class DashboardFigures:
         self.every = every
         self.seconds: list[float] = []
         self._stored: dict[str, str] = {}
-        self._last = -math.inf
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        others = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if others and time.monotonic() - self._last < self.every * others:
-            return
-        self._last = time.monotonic()
+        storage, study_id = study_identity(study)
+        shared = bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if shared:
+            now = time.time()
+            last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
+            # Two workers that read the same time both store: a figure twice, never a lost one.
+            if now - last < max(self.every, took / COST_SHARE):
+                return
+            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, took))
         start = time.perf_counter()
         try:
             save_figures(study, self._stored)
         except Exception as err:  # a chart is never worth a worker: the study goes on without it
             _logger.warning("Could not store the dashboard's figures after trial %d: %r", trial.number, err)
         self.seconds.append(time.perf_counter() - start)
+        if shared:
+            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, self.seconds[-1]))

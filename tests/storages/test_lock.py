@@ -8,6 +8,7 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
+import threading
 
 from conftest import subprocess_env
 import optuna
@@ -16,6 +17,7 @@ import pytest
 import optuna_quant as oq
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.lock import claim_locks
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.lock import UnsupportedStorageError
 from optuna_quant.storages.urls import StorageError
@@ -99,3 +101,26 @@ def test_a_storage_in_memory_gets_a_lock_of_this_process(tmp_path: Path) -> None
         with lock():
             pass
         assert lock() is lock()  # one lock object for the study in this process
+
+
+@pytest.mark.parametrize("database", ["postgres_url", "mariadb_url"])
+def test_claims_of_two_configurations_do_not_wait_on_each_other(database: str, request: pytest.FixtureRequest) -> None:
+    storage = open_storage(request.getfixturevalue(database))
+    locks = claim_locks(storage, "claims", Heartbeat())
+
+    def taken_beside(key: str) -> bool:
+        """Whether another thread (its own connection) takes ``key``'s lock within 2 s."""
+        done = threading.Event()
+
+        def take() -> None:
+            with locks(key)():
+                done.set()
+
+        thread = threading.Thread(target=take, daemon=True)
+        thread.start()
+        taken = done.wait(timeout=2.0)
+        return taken
+
+    with locks("a")():
+        assert taken_beside("b")
+        assert not taken_beside("a")  # waits for this holder; it takes the lock once it is released

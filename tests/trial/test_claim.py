@@ -36,7 +36,7 @@ def test_a_trial_popped_after_another_claimed_its_configuration_copies_it(make_s
         return trial
 
     first = start(higher)
-    previous, _ = claim(optuna_study, first, params, objective.space, objective.lock, objective.heartbeat)
+    previous, _ = claim(optuna_study, first, params, objective.space, objective.claim_locks, objective.lock, objective.heartbeat)
     assert previous is None and records.is_measuring(optuna_study.trials[first.number])
     assert _copied_once_measured(study, start(lower), first) == first.number
 
@@ -61,7 +61,7 @@ def _copied_once_measured(study, waiting: optuna.Trial, measuring: optuna.Trial)
     objective, optuna_study = study.objective, study.study
     with ThreadPoolExecutor(1) as pool:
         copied = pool.submit(
-            claim, optuna_study, waiting, waiting.params, objective.space, objective.lock, objective.heartbeat
+            claim, optuna_study, waiting, waiting.params, objective.space, objective.claim_locks, objective.lock, objective.heartbeat
         )
         records.record_result(measuring, MEASURED, {})
         optuna_study.tell(measuring, 1.0)

@@ -177,14 +177,15 @@ def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
     study = make_study(accuracy_loss=50.0, study_name="busy")
     study.optimize(n_trials=2)
     others = [study.study.ask(), study.study.ask()]  # trials of two other workers, running
-    figures = DashboardFigures(every=60.0)
-    for trial in study.trials[:2]:
-        figures(study.study, trial)
-    assert len(figures.seconds) == 1  # the second store waits 2 x 60 s
+    figures, other_worker = DashboardFigures(every=60.0), DashboardFigures(every=60.0)
+    figures(study.study, study.trials[0])
+    figures(study.study, study.trials[1])
+    other_worker(study.study, study.trials[1])
+    assert (len(figures.seconds), len(other_worker.seconds)) == (1, 0)  # 60 s for the study, not per worker
     for other in others:
         study.study.tell(other, 1.0)
-    figures(study.study, study.trials[1])  # the last one: nobody else is running
-    assert len(figures.seconds) == 2
+    other_worker(study.study, study.trials[1])  # the last one: nobody else is running
+    assert len(other_worker.seconds) == 1
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")
