@@ -167,11 +167,11 @@ class Guidance:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
         return prior_for_space(self, space.distributions(), targets)
 
-    def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
+    def startup_params(self, space: SearchSpace, n: int, targets: Targets) -> list[dict[str, Any]]:
         """Up to ``n`` configurations to try first, each once: the lowest-error combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
-        layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`), the largest
-        interaction first; the same with only the layers whose int8 pays on its own in int8
+        layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`, counted against
+        ``targets``' accuracy target), the largest interaction first; the same with only the layers whose int8 pays on its own in int8
         (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above 1); then
         every layer int8 but the most harmful ones, reverted to fp32 one more each time.
 
@@ -188,7 +188,14 @@ class Guidance:
         if "layer" in space.scopes:
             units = space.units()
             # A pair that recovers together what neither does alone is one no single revert reaches.
-            for pair in interacting_pairs(self.layers, self.pairs):
+            interacting = interacting_pairs(
+                self.layers,
+                self.pairs,
+                acc_loss=self.reference_acc_loss,
+                accuracy_target=targets.acc_th,
+                scope_errors=self.scope_errors,
+            )
+            for pair in interacting:
                 candidates.append({**base, **{LAYER_PREFIX + unit: "fp32" for unit in pair.layers}})
             slower = [unit for unit in units if (self.layers[unit].alone_speedup or math.inf) <= 1.0]
             # None slower is the base again; all slower, the fp32 model.
@@ -316,6 +323,7 @@ def guide_study(
     space: SearchSpace,
     reference_acc_loss: float,
     budget: int | None,
+    targets: Targets,
 ) -> None:
     """Measure and store the guidance, and queue the start-up trials (the reference's worker).
 
@@ -326,6 +334,7 @@ def guide_study(
         space: The study's search space.
         reference_acc_loss: The reference's ``acc_loss``, which the prior shares out.
         budget: The study's trials in total, if known: at most one start-up trial per four.
+        targets: The study's targets: which pairs of layers interact enough to be queued.
     """
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
@@ -336,7 +345,7 @@ def guide_study(
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
         n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
-        for params in guidance.startup_params(space, n):
+        for params in guidance.startup_params(space, n, targets):
             study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -231,14 +231,14 @@ def test_start_up_trials_come_from_both_ends() -> None:
     space = SearchSpace(("conv1", "conv2", "fc"), scopes=frozenset({"layer", "granularity"}))
     fp32 = lambda params: [n for n in ("conv1", "conv2", "fc") if params[f"layer:{n}"] == "fp32"]  # noqa: E731
     # Only fc pays alone: the second trial keeps conv1 and conv2 in fp32 together.
-    first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5)
+    first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5, oq.Targets())
     assert [fp32(p) for p in first] == [[], ["conv1", "conv2"], ["conv1"]]  # the second revert is the second trial
     assert all(p["granularity"] == "per_tensor" for p in first)  # the lowest-error combination
     # All pay alone (the base again), none does (the fp32 model), or not timed: no such trial.
     for timed in (dict(conv1=1.2, conv2=1.1, fc=1.3), dict(conv1=0.9, conv2=0.8, fc=0.7), {}):
-        assert [fp32(p) for p in _guidance(**timed).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
+        assert [fp32(p) for p in _guidance(**timed).startup_params(space, 5, oq.Targets())] == [[], ["conv1"], ["conv1", "conv2"]]
     # The same configuration twice is queued once: conv1 alone slower is the first revert too.
-    assert [fp32(p) for p in _guidance(conv1=0.9, conv2=1.1, fc=1.1).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
+    assert [fp32(p) for p in _guidance(conv1=0.9, conv2=1.1, fc=1.1).startup_params(space, 5, oq.Targets())] == [[], ["conv1"], ["conv1", "conv2"]]
 
 
 def test_bad_arguments_are_refused_before_measuring(cnn) -> None:
