@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks._versions import versions
 from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import WEIGHT_TYPES
@@ -66,7 +67,7 @@ def measure(measurer: Measurer, reference: QuantConfig, timing: bool) -> dict[st
             figures[weight_type] = {"acc_loss": m.acc_loss, "lat_diff": m.lat_diff, "spread": m.latency.spread}
         else:
             accuracy = measurer.accuracy(config)
-            figures[weight_type] = {"acc_loss": (fp32 - accuracy) / fp32}
+            figures[weight_type] = {"acc_loss": relative_accuracy_loss(fp32, accuracy)}
         print(weight_type, " ".join(f"{k} {v:.4f}" for k, v in figures[weight_type].items()), flush=True)
     return figures
 

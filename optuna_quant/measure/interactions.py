@@ -22,6 +22,7 @@ from dataclasses import replace
 import logging
 from typing import Any
 
+import numpy as np
 import onnx
 
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -131,11 +132,13 @@ def measure_pairs(
     n_samples: int = 32,
     settings: BenchmarkSettings | None = None,
     limit: int = MAX_PAIRS,
+    fp32_outputs: Sequence[Sequence[np.ndarray]] | None = None,
+    base_error: float | None = None,
 ) -> list[PairRecovery]:
     """Revert together each adjacent pair that ``sens`` leaves ambiguous (:func:`ambiguous_pairs`).
 
-    Costs the fp32 and all-int8 outputs and one quantized model's outputs per pair, on
-    ``n_samples`` feeds; nothing when no pair is ambiguous.
+    Costs one quantized model's outputs per pair on ``n_samples`` feeds, and the fp32 and the
+    all-int8 outputs unless given; nothing when no pair is ambiguous.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -147,6 +150,10 @@ def measure_pairs(
         n_samples: Feeds on which the output error is measured.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
         limit: Pairs measured at most.
+        fp32_outputs: The fp32 model's outputs on the first ``n_samples`` feeds
+            (:func:`~optuna_quant.measure.sensitivity.model_outputs`), when measured already.
+        base_error: The output error of ``base_config``, when measured already (the
+            lowest of :func:`~optuna_quant.measure.sensitivity.measure_scope_errors`).
 
     Returns:
         What each measured pair's joint revert recovers.
@@ -156,8 +163,9 @@ def measure_pairs(
         return []
     settings = settings or BenchmarkSettings()
     samples = list(feeds[:n_samples])
-    reference = model_outputs(fp32_model, samples, settings)
-    base_error = output_error(reference, model_outputs(quantizer.quantize(base_config), samples, settings))
+    reference = model_outputs(fp32_model, samples, settings) if fp32_outputs is None else fp32_outputs
+    if base_error is None:
+        base_error = output_error(reference, model_outputs(quantizer.quantize(base_config), samples, settings))
     measured = []
     for pair in pairs:
         fallback = base_config.fallback | {node for layer in pair for node in units[layer]}

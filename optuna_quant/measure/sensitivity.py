@@ -170,6 +170,7 @@ def measure_sensitivity(
     settings: BenchmarkSettings | None = None,
     revert_timing: BenchmarkSettings | None = REVERT_TIMING,
     timing_feed: Feed | None = None,
+    fp32_outputs: Sequence[Sequence[np.ndarray]] | None = None,
 ) -> dict[str, LayerSensitivity]:
     """Measure every layer of ``nodes`` once: its accuracy cost and what int8 saves on it.
 
@@ -199,6 +200,8 @@ def measure_sensitivity(
             size (silero-vad's output layer: its revert reads 0 % to +0.6 % on a calibration
             feed of 187 rows, and -4 % to -6 %, a revert that speeds the model up, on the one row
             its study times; ``benchmarks/real_models/layer_timing.py``).
+        fp32_outputs: The fp32 model's outputs on the first ``n_samples`` feeds
+            (:func:`model_outputs`), when measured already.
 
     Returns:
         The sensitivity of each layer (or group), by name, in the order of ``nodes``.
@@ -229,7 +232,7 @@ def measure_sensitivity(
     def with_fallback(fallback: Iterable[str]) -> onnx.ModelProto:
         return quantizer.quantize(replace(base, fallback=frozenset(base.fallback | set(fallback))))
 
-    reference = model_outputs(fp32_model, samples, settings)
+    reference = model_outputs(fp32_model, samples, settings) if fp32_outputs is None else fp32_outputs
     all_int8 = quantizer.quantize(base)
     base_error = output_error(reference, model_outputs(all_int8, samples, settings))
     profiling = time.perf_counter()
@@ -294,8 +297,10 @@ def measure_scope_errors(
     combinations: Sequence[Mapping[str, Any]],
     to_config: Callable[[Mapping[str, Any]], QuantConfig],
     *,
+    one_at_a_time: Mapping[str, Sequence[Any]] | None = None,
     n_samples: int = 32,
     settings: BenchmarkSettings | None = None,
+    fp32_outputs: Sequence[Sequence[np.ndarray]] | None = None,
 ) -> list[ScopeError]:
     """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
@@ -311,11 +316,17 @@ def measure_scope_errors(
         feeds: Input dicts; the first ``n_samples`` count.
         combinations: The combinations (:func:`scope_combinations`), the reference's first.
         to_config: The all-int8 configuration of a combination.
+        one_at_a_time: Choices of parameters that every combination holds at one choice, each
+            measured after them at the lowest-error combination, one parameter changed at a
+            time: one model per choice instead of a multiple of the combinations.
         n_samples: Feeds on which the output error is measured.
         settings: Threads for every session (default :class:`BenchmarkSettings`).
+        fp32_outputs: The fp32 model's outputs on the first ``n_samples`` feeds
+            (:func:`model_outputs`), when measured already.
 
     Returns:
-        A :data:`ScopeError` per combination, in their order.
+        A :data:`ScopeError` per combination, in their order, then one per choice of
+        ``one_at_a_time`` that the lowest-error combination does not hold.
 
     Raises:
         ValueError: If ``combinations`` is empty or ``n_samples`` is not positive.
@@ -326,7 +337,7 @@ def measure_scope_errors(
     settings = settings or BenchmarkSettings()
     samples = list(feeds[:n_samples])
     start = time.perf_counter()
-    reference = model_outputs(fp32_model, samples, settings)
+    reference = model_outputs(fp32_model, samples, settings) if fp32_outputs is None else fp32_outputs
     # Combinations that build the same model (the range estimators under dynamic) are measured once.
     by_config: dict[QuantConfig, dict[str, Any]] = {}
 
@@ -346,6 +357,9 @@ def measure_scope_errors(
         return by_config[config]
 
     errors: list[ScopeError] = [{"params": dict(params), **measured(params)} for params in combinations]
+    at = lowest_error(errors)["params"]
+    changed = [{**at, name: choice} for name, choices in (one_at_a_time or {}).items() for choice in choices if choice != at[name]]
+    errors += [{"params": params, **measured(params)} for params in changed]
     best = lowest_error(errors)
     failed = sum(entry["error"] is None for entry in errors)
     _logger.info(

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
 from optuna_quant.measure.sensitivity import measure_sensitivity
+from optuna_quant.measure.sensitivity import model_outputs
 from optuna_quant.measure.sensitivity import REVERT_TIMING
 from optuna_quant.measure.sensitivity import ScopeError
 from optuna_quant.quantization.config import QuantConfig
@@ -74,16 +76,27 @@ MAX_STARTUP_TRIALS = 5
 """Start-up trials queued at most; fewer on a small budget (one per four trials of it)."""
 
 
-def scope_combinations(distributions: Mapping[str, CategoricalDistribution]) -> list[dict[str, Any]]:
-    """Every combination of the choices of the parameters other than layers, the first choices first.
+ONE_AT_A_TIME = ("weight_type",)
+"""Parameters whose choices are measured one at a time, at the lowest-error combination of the
+others, instead of in every combination: ``weight_type``'s three choices would triple the
+models measured, for a choice that depends on the CPU's kernels more than on the other scopes."""
+
+
+def scope_combinations(
+    distributions: Mapping[str, CategoricalDistribution], held: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Every combination of the choices of the parameters other than layers, the first choices
+    first; a parameter of ``held`` at its first choice.
 
     Example:
         >>> from optuna.distributions import CategoricalDistribution as C
         >>> scope_combinations({"layer:a": C(["int8", "fp32"]), "granularity": C(["per_channel", "per_tensor"])})
         [{'granularity': 'per_channel'}, {'granularity': 'per_tensor'}]
+        >>> scope_combinations({"granularity": C(["per_channel", "per_tensor"]), "weight_type": C(["int8", "int7"])}, ["weight_type"])
+        [{'granularity': 'per_channel', 'weight_type': 'int8'}, {'granularity': 'per_tensor', 'weight_type': 'int8'}]
     """
     names = [name for name in distributions if not name.startswith(LAYER_PREFIX)]
-    product = itertools.product(*(distributions[name].choices for name in names))
+    product = itertools.product(*(distributions[name].choices[:1] if name in held else distributions[name].choices for name in names))
     return [dict(zip(names, values)) for values in product]
 
 
@@ -103,43 +116,71 @@ def measure_space(
     settings: BenchmarkSettings | None = None,
     revert_timing: BenchmarkSettings | None = REVERT_TIMING,
     timing_feed: Feed | None = None,
-) -> tuple[list[ScopeError], dict[str, LayerSensitivity]]:
+) -> tuple[list[ScopeError], dict[str, LayerSensitivity], list[PairRecovery]]:
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
     then :func:`measure_sensitivity` of the ``layer`` scope's parameters (``space.units()``: each
-    node, or each group of nodes) at the lowest-error combination.
+    node, or each group of nodes) at the lowest-error combination, then
+    :func:`~optuna_quant.measure.interactions.measure_pairs` there.
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
-    with three ``op_types`` choices), the layers what
-    :func:`measure_sensitivity` says, which ``timing_feed`` is passed to.
+    with three ``op_types`` choices), plus one per other choice of the parameters of
+    :data:`ONE_AT_A_TIME`; the layers what :func:`measure_sensitivity` says, which
+    ``timing_feed`` is passed to; the pairs one model each. The fp32 outputs are computed once
+    for the three, and the pairs start from the lowest scope error.
 
     Returns:
-        The scope errors (the reference's first) and the layers' sensitivity, the two measurements
-        :func:`choice_scores` takes.
+        The scope errors (the reference's first), the layers' sensitivity and the pairs' joint
+        reverts: the measurements :func:`choice_scores` takes.
 
     Example:
-        >>> errors, sens = measure_space(model, quantizer, feeds, space)  # doctest: +SKIP
-        >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors)  # doctest: +SKIP
+        >>> errors, sens, pairs = measure_space(model, quantizer, feeds, space)  # doctest: +SKIP
+        >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors, pairs=pairs)  # doctest: +SKIP
     """
-
-    combinations = scope_combinations(space.distributions())
-    to_config = functools.partial(all_int8, space)
-    errors = measure_scope_errors(fp32_model, quantizer, feeds, combinations, to_config, n_samples=n_samples, settings=settings)
+    distributions = space.distributions()
+    held = [name for name in ONE_AT_A_TIME if name in distributions]
+    settings = settings or BenchmarkSettings()
+    fp32_outputs = model_outputs(fp32_model, feeds[:n_samples], settings)
+    errors = measure_scope_errors(
+        fp32_model,
+        quantizer,
+        feeds,
+        scope_combinations(distributions, held),
+        functools.partial(all_int8, space),
+        one_at_a_time={name: distributions[name].choices for name in held},
+        n_samples=n_samples,
+        settings=settings,
+        fp32_outputs=fp32_outputs,
+    )
     if "layer" not in space.scopes:
-        return errors, {}  # no layer is searched: their sensitivity would guide nothing
+        return errors, {}, []  # no layer is searched: their sensitivity would guide nothing
+    lowest = lowest_error(errors)
+    base_config = all_int8(space, lowest["params"])
     sens = measure_sensitivity(
         fp32_model,
         quantizer,
         feeds,
         space.units(),
-        base_config=all_int8(space, lowest_error(errors)["params"]),
+        base_config=base_config,
         n_samples=n_samples,
         profile_runs=profile_runs,
         settings=settings,
         revert_timing=revert_timing,
         timing_feed=timing_feed,
+        fp32_outputs=fp32_outputs,
     )
-    return errors, sens
-
+    pairs = measure_pairs(
+        fp32_model,
+        quantizer,
+        feeds,
+        space.units(),
+        sens,
+        base_config=base_config,
+        n_samples=n_samples,
+        settings=settings,
+        fp32_outputs=fp32_outputs,
+        base_error=lowest["error"],
+    )
+    return errors, sens, pairs
 
 
 @dataclass(frozen=True)
@@ -167,11 +208,11 @@ class Guidance:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
         return prior_for_space(self, space.distributions(), targets)
 
-    def startup_params(self, space: SearchSpace, n: int) -> list[dict[str, Any]]:
+    def startup_params(self, space: SearchSpace, n: int, targets: Targets) -> list[dict[str, Any]]:
         """Up to ``n`` configurations to try first, each once: the lowest-error combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
-        layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`), the largest
-        interaction first; the same with only the layers whose int8 pays on its own in int8
+        layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`, counted against
+        ``targets``' accuracy target), the largest interaction first; the same with only the layers whose int8 pays on its own in int8
         (:attr:`~optuna_quant.measure.sensitivity.LayerSensitivity.alone_speedup` above 1); then
         every layer int8 but the most harmful ones, reverted to fp32 one more each time.
 
@@ -188,7 +229,14 @@ class Guidance:
         if "layer" in space.scopes:
             units = space.units()
             # A pair that recovers together what neither does alone is one no single revert reaches.
-            for pair in interacting_pairs(self.layers, self.pairs):
+            interacting = interacting_pairs(
+                self.layers,
+                self.pairs,
+                acc_loss=self.reference_acc_loss,
+                accuracy_target=targets.acc_th,
+                scope_errors=self.scope_errors,
+            )
+            for pair in interacting:
                 candidates.append({**base, **{LAYER_PREFIX + unit: "fp32" for unit in pair.layers}})
             slower = [unit for unit in units if (self.layers[unit].alone_speedup or math.inf) <= 1.0]
             # None slower is the base again; all slower, the fp32 model.
@@ -233,7 +281,7 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
     """Measure the guidance of ``space`` on ``measurer``'s prepared model and calibration data."""
     _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
     start = time.perf_counter()
-    scope_errors, layers = measure_space(
+    scope_errors, layers, pairs = measure_space(
         measurer.prepared.prepared,
         measurer.quantizer,
         measurer.feeds,
@@ -241,17 +289,6 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
         settings=measurer.benchmark,
         timing_feed=measurer.latency_feed,
     )
-    pairs: list[PairRecovery] = []
-    if layers:
-        pairs = measure_pairs(
-            measurer.prepared.prepared,
-            measurer.quantizer,
-            measurer.feeds,
-            space.units(),
-            layers,
-            base_config=all_int8(space, lowest_error(scope_errors)["params"]),
-            settings=measurer.benchmark,
-        )
     seconds = time.perf_counter() - start
     _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
     return Guidance(layers, scope_errors, reference_acc_loss, seconds, tuple(pairs))
@@ -316,6 +353,7 @@ def guide_study(
     space: SearchSpace,
     reference_acc_loss: float,
     budget: int | None,
+    targets: Targets,
 ) -> None:
     """Measure and store the guidance, and queue the start-up trials (the reference's worker).
 
@@ -326,6 +364,7 @@ def guide_study(
         space: The study's search space.
         reference_acc_loss: The reference's ``acc_loss``, which the prior shares out.
         budget: The study's trials in total, if known: at most one start-up trial per four.
+        targets: The study's targets: which pairs of layers interact enough to be queued.
     """
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
@@ -336,7 +375,7 @@ def guide_study(
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
         n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
-        for params in guidance.startup_params(space, n):
+        for params in guidance.startup_params(space, n, targets):
             study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -297,7 +297,9 @@ class QuantizationObjective:
             # Before the scaling is stored: the other workers wait for the reference until then, so
             # they start with the prior, and a worker killed here has its reference trial run again.
             try:
-                guide_study(trial.study, self.lock, self.measurer, self.space, measurement.acc_loss, max_trials)
+                guide_study(
+                    trial.study, self.lock, self.measurer, self.space, measurement.acc_loss, max_trials, self.targets
+                )
             except Exception as err:  # the guidance helps the search; the study goes on without it
                 _logger.warning("%s: the sensitivity measurement failed, the search goes on unguided: %r", WHAT, err)
         self._adopt(store_reference(trial.study, self.lock, self.measurer.baseline(), measurement, scaling))

@@ -2,8 +2,9 @@
 
 :func:`choice_scores` scores each choice of the other parameters by its all-int8 output error and
 each layer's ``fp32``/``int8`` by what its revert buys against what it costs, alone or together
-with an adjacent layer it interacts with (:func:`interacting_pairs`); :func:`revert_order` orders
-the layers for the start-up trials that put them back to fp32.
+with an adjacent layer it interacts with (:func:`interacting_pairs`), what a revert buys counted
+in accuracy targets (:func:`targets_per_error`); :func:`revert_order` orders the layers for the
+start-up trials that put them back to fp32.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ MATERIAL_BENEFIT = 0.05
 one that buys half this has a third of the odds its gain and cost alone would give."""
 INTERACTION_SHARE = 0.5
 """A pair interacts when more than this share of what its joint revert recovers is recovered by
-neither single revert."""
+neither single revert, and that is worth at least :data:`MATERIAL_BENEFIT` of the accuracy target."""
+
 
 def _saving(s: LayerSensitivity) -> float:
     return s.time_saved_ms if s.revert_cost is None else s.revert_cost
@@ -63,18 +65,63 @@ def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
     return sorted(sens, key=lambda n: _harm_key(sens[n]))
 
 
-def interacting_pairs(sens: Mapping[str, LayerSensitivity], pairs: Sequence[PairRecovery]) -> list[PairRecovery]:
+def targets_per_error(
+    sens: Mapping[str, LayerSensitivity], *, acc_loss: float, accuracy_target: float, scope_errors: Sequence[ScopeError] = ()
+) -> float:
+    """What removing a unit of output error at the combination ``sens`` was measured at buys, in
+    accuracy targets.
+
+    The all-int8 accuracy loss is shared out over the layers as their output error is: ``acc_loss``
+    (with ``scope_errors``, predicted at the lowest-error combination by the ratio of its error to
+    the reference's, the first entry) over the summed ``error_alone`` (standing for the all-int8
+    error, as the errors add up), in units of ``accuracy_target``; nothing when that loss is negative.
+
+    Example:
+        >>> sens = {"a": LayerSensitivity(0.03, 0.03, 1, 1), "b": LayerSensitivity(0.01, 0.0, 1, 1)}
+        >>> round(targets_per_error(sens, acc_loss=0.02, accuracy_target=0.01), 6)   # 0.04 of error: 2 targets
+        50.0
+    """
+    if scope_errors:
+        reference = scope_errors[0]["error"] or 0.0
+        acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
+    total = sum(max(s.error_alone, 0.0) for s in sens.values())
+    # A configuration that loses nothing leaves no accuracy to buy back.
+    return max(acc_loss, 0.0) / total / accuracy_target if total > 0 else 0.0
+
+
+def interacting_pairs(
+    sens: Mapping[str, LayerSensitivity],
+    pairs: Sequence[PairRecovery],
+    *,
+    acc_loss: float,
+    accuracy_target: float,
+    scope_errors: Sequence[ScopeError] = (),
+) -> list[PairRecovery]:
     """The ``pairs`` whose joint revert recovers mostly what neither single revert does
     (:data:`INTERACTION_SHARE`), the largest interaction first.
 
+    What the pair recovers beyond its two single reverts must also matter: at least
+    :data:`MATERIAL_BENEFIT` of the accuracy target, counted as :func:`choice_scores` counts a
+    revert's gain (:func:`targets_per_error`; the arguments are its). A pair whose interaction is
+    all of what it recovers, but a negligible share of the error, is no reason to revert two layers.
+
     Example:
         >>> sens = {"a": LayerSensitivity(0.01, -0.009, 1, 1), "b": LayerSensitivity(0.1, 0.01, 1, 1)}
-        >>> [p.layers for p in interacting_pairs(sens, [PairRecovery(("a", "b"), 0.11)])]
+        >>> [p.layers for p in interacting_pairs(sens, [PairRecovery(("a", "b"), 0.11)], acc_loss=0.05, accuracy_target=0.01)]
         [('a', 'b')]
-        >>> interacting_pairs(sens, [PairRecovery(("a", "b"), 0.015)])   # b's own revert explains it
+        >>> interacting_pairs(sens, [PairRecovery(("a", "b"), 0.015)], acc_loss=0.05, accuracy_target=0.01)   # b's own revert explains it
+        []
+        >>> interacting_pairs(sens, [PairRecovery(("a", "b"), 0.11)], acc_loss=0.0005, accuracy_target=0.01)  # 0.05 of a target
         []
     """
-    found = [p for p in pairs if p.error_recovered > 0 and p.interaction(sens) > INTERACTION_SHARE * p.error_recovered]
+    worth = targets_per_error(sens, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors)
+    found = [
+        p
+        for p in pairs
+        if p.error_recovered > 0
+        and p.interaction(sens) > INTERACTION_SHARE * p.error_recovered
+        and worth * p.interaction(sens) >= MATERIAL_BENEFIT
+    ]
     return sorted(found, key=lambda p: -p.interaction(sens))
 
 
@@ -183,10 +230,10 @@ def choice_scores(
       with ``acc_loss`` and ``accuracy_target``.
     - Each layer (``"layer:<node>"``): :func:`layer_scores` of what reverting it buys and costs.
       The all-int8 configuration's accuracy loss is shared out over the layers as their output
-      error is: reverting a layer buys ``acc_loss * error_recovered / sum(error_alone)`` (the
-      summed ``error_alone`` standing for the all-int8 error, as the errors add up), in units of
-      ``accuracy_target`` (nothing when that loss, or the error it recovers, is negative); it
-      costs its measured :attr:`~LayerSensitivity.revert_cost`. A layer of an interacting pair
+      error is: reverting a layer buys its ``error_recovered`` times :func:`targets_per_error`
+      (``acc_loss * error_recovered / sum(error_alone)`` in units of ``accuracy_target``;
+      nothing when that loss, or the error it recovers, is negative); it costs its measured
+      :attr:`~LayerSensitivity.revert_cost`. A layer of an interacting pair
       (:func:`interacting_pairs`) scores fp32 at least as the pair's joint revert does: what
       the two recover together, against what the two reverts cost.
 
@@ -217,19 +264,14 @@ def choice_scores(
     scores: dict[str, dict[Any, float]] = {}
     if scope_errors:
         scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))
-        reference = scope_errors[0]["error"] or 0.0
-        acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
-    # A configuration that loses nothing leaves no accuracy to buy back; a revert that adds
-    # output error (noise) buys none either.
-    acc_loss = max(acc_loss, 0.0)
-    total = sum(max(s.error_alone, 0.0) for s in sens.values())
+    worth = targets_per_error(sens, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors)
 
     def gain(recovered: float) -> float:
-        return acc_loss * max(recovered, 0.0) / total / accuracy_target if total > 0 else 0.0
+        return worth * max(recovered, 0.0)  # a revert that adds output error (noise) buys nothing
 
     for node, s in sens.items():
         scores[LAYER_PREFIX + node] = layer_scores(gain(s.error_recovered), s.revert_cost)  # type: ignore[arg-type]
-    for pair in interacting_pairs(sens, pairs):
+    for pair in interacting_pairs(sens, pairs, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors):
         joint = layer_scores(gain(pair.error_recovered), sum(sens[node].revert_cost for node in pair.layers))  # type: ignore[misc]
         for node in pair.layers:
             if joint["fp32"] > scores[LAYER_PREFIX + node]["fp32"]:

@@ -18,10 +18,13 @@ from examples.tiny_cnn import calibration_data
 from examples.tiny_cnn import fp32_agreement
 import optuna_quant as oq
 from optuna_quant.measure.interactions import adjacent_pairs
+from optuna_quant.measure.interactions import PairRecovery
 from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.measure.sensitivity import LayerSensitivity
+from optuna_quant.trial.guidance import Guidance
 from optuna_quant.trial.guidance import measure_guidance
 from optuna_quant.trial.guidance import prior_for_space
+from optuna_quant.trial.scoring import choice_scores
 from optuna_quant.trial.scoring import interacting_pairs
 
 
@@ -45,6 +48,17 @@ def rescaled_between(model: onnx.ModelProto, first: int, spread: float = 1000.0)
     ):
         inits[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
     return rescaled
+
+
+def interacting(guidance: Guidance) -> list[PairRecovery]:
+    """The guidance's interacting pairs under :data:`TARGETS`, as the study's start-up trials find them."""
+    return interacting_pairs(
+        guidance.layers,
+        guidance.pairs,
+        acc_loss=guidance.reference_acc_loss,
+        accuracy_target=TARGETS.acc_th,
+        scope_errors=guidance.scope_errors,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +87,7 @@ def test_only_the_joint_revert_recovers_the_accuracy(setting) -> None:
     # One layer at a time, neither revert recovers much of the output error.
     base_error = sum(s.error_alone for s in guidance.layers.values())
     assert all(guidance.layers[n].error_recovered < 0.25 * base_error for n in PAIR)
-    assert [p.layers for p in interacting_pairs(guidance.layers, guidance.pairs)] == [PAIR]
+    assert [p.layers for p in interacting(guidance)] == [PAIR]
 
 
 @pytest.mark.parametrize("sampler_class", [oq.DiscreteGPSampler, oq.TPESampler])
@@ -101,7 +115,7 @@ def test_the_prior_finds_the_pair_within_five_trials(setting, sampler_class) -> 
 def test_the_pair_is_the_first_start_up_trial(setting) -> None:
     # Layers only: the all-int8 base is the reference, which is not queued again.
     space, guidance, _ = setting
-    first = guidance.startup_params(space, 5)[0]
+    first = guidance.startup_params(space, 5, TARGETS)[0]
     assert {n for n in LAYERS if first[f"layer:{n}"] == "fp32"} == set(PAIR)
 
 
@@ -113,7 +127,20 @@ def test_adjacent_layers_follow_the_data_through_relu_and_pooling() -> None:
 
 
 def test_a_pair_that_a_single_revert_explains_is_no_interaction() -> None:
-    from optuna_quant.measure.interactions import PairRecovery
-
     sens = {"a": LayerSensitivity(0.01, -0.009, 1, 1, 0.1), "b": LayerSensitivity(0.1, 0.09, 1, 1, 0.1)}
-    assert interacting_pairs(sens, [PairRecovery(("a", "b"), 0.1)]) == []
+    assert interacting_pairs(sens, [PairRecovery(("a", "b"), 0.1)], acc_loss=0.5, accuracy_target=0.01) == []
+
+
+def test_a_pair_that_recovers_a_negligible_error_is_no_interaction() -> None:
+    """All that the pair recovers is interaction, but 0.0002 of an all-int8 error of 0.005 (4 %):
+    0.4 of the 1 % target at a 10 % loss, 0.04 of it (under MATERIAL_BENEFIT) at a 1 % loss."""
+    sens = {"a": LayerSensitivity(0.003, -0.001, 1, 1, 0.1), "b": LayerSensitivity(0.002, -0.02, 1, 1, 0.1)}
+    pair = PairRecovery(("a", "b"), 0.0002)
+    assert interacting_pairs(sens, [pair], acc_loss=0.1, accuracy_target=0.01) == [pair]
+    assert interacting_pairs(sens, [pair], acc_loss=0.01, accuracy_target=0.01) == []
+    # Predicted at the lowest-error combination, a tenth of the reference's error: 0.04 of a target.
+    errors = [{"params": {"g": "t"}, "error": 0.05}, {"params": {"g": "c"}, "error": 0.005}]
+    assert interacting_pairs(sens, [pair], acc_loss=0.1, accuracy_target=0.01, scope_errors=errors) == []
+    # The prior and the start-up trials leave both layers as one layer at a time scores them.
+    scores = choice_scores(sens, acc_loss=0.01, accuracy_target=0.01, pairs=[pair])
+    assert scores == choice_scores(sens, acc_loss=0.01, accuracy_target=0.01)

@@ -15,11 +15,13 @@ from examples.tiny_cnn import build_cnn
 from examples.tiny_cnn import calibration_data
 import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
+from optuna_quant.measure.interactions import measure_pairs
 from optuna_quant.measure.sensitivity import LayerSensitivity
 from optuna_quant.measure.sensitivity import lowest_error
 from optuna_quant.measure.sensitivity import measure_scope_errors
 from optuna_quant.measure.sensitivity import measure_sensitivity
 from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.config import WEIGHT_TYPES
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.trial.guidance import Guidance
@@ -167,15 +169,33 @@ def test_measure_space_measures_the_layers_at_the_lowest_error(cnn) -> None:
     feeds = to_feeds(calibration_data(model), model)
     quantizer = Quantizer(model, feeds)
     space = SearchSpace.from_model(model, scopes=("layer", "granularity", "range_estimator"))
-    errors, sens = measure_space(model, quantizer, feeds, space, profile_runs=5)
+    errors, sens, pairs = measure_space(model, quantizer, feeds, space, profile_runs=5)
     assert [e["params"] for e in errors] == scope_combinations(space.distributions())
     best = lowest_error(errors)["params"]
-    at_best = measure_sensitivity(
-        model, quantizer, feeds, CNN_LAYERS, base_config=space.to_config({**space.default_params(), **best}),
-        profile_runs=5, revert_timing=None,
-    )
+    base_config = space.to_config({**space.default_params(), **best})
+    at_best = measure_sensitivity(model, quantizer, feeds, CNN_LAYERS, base_config=base_config, profile_runs=5, revert_timing=None)
     assert {n: s.error_alone for n, s in sens.items()} == {n: s.error_alone for n, s in at_best.items()}
+    # The pairs from the fp32 outputs and the lowest scope error measure_space had: as measured afresh.
+    assert pairs == measure_pairs(model, quantizer, feeds, space.units(), sens, base_config=base_config)
     assert set(choice_scores(sens, acc_loss=0.05, accuracy_target=0.01, scope_errors=errors)) == set(space.distributions())
+
+
+def test_weight_types_are_measured_one_at_a_time_at_the_lowest_error(cnn) -> None:
+    """On a CPU whose int8 kernels saturate, weight_type's other two choices cost two models, not
+    twice the combinations: each at the lowest-error combination of the other scopes."""
+    model = rescale_conv1_outputs(cnn)
+    feeds = to_feeds(calibration_data(model), model)
+    quantizer = Quantizer(model, feeds)
+    space = SearchSpace.from_model(model, scopes=("granularity", "range_estimator", "weight_type"), int8_class="x86-avx2")
+    assert space.distributions()["weight_type"].choices == WEIGHT_TYPES
+    errors, sens, pairs = measure_space(model, quantizer, feeds, space)
+    combinations = scope_combinations(space.distributions(), ["weight_type"])
+    assert [e["params"] for e in errors[: len(combinations)]] == combinations
+    assert all(params["weight_type"] == "int8" for params in combinations) and len(combinations) == 2 * 5
+    best = lowest_error(errors[: len(combinations)])["params"]
+    assert [e["params"] for e in errors[len(combinations) :]] == [{**best, "weight_type": t} for t in WEIGHT_TYPES[1:]]
+    assert all(e["error"] > 0 for e in errors) and (sens, pairs) == ({}, [])
+    assert set(scope_scores(errors)["weight_type"]) == set(WEIGHT_TYPES)
 
 
 def test_choice_scores_follow_gain_and_cost() -> None:
@@ -231,14 +251,14 @@ def test_start_up_trials_come_from_both_ends() -> None:
     space = SearchSpace(("conv1", "conv2", "fc"), scopes=frozenset({"layer", "granularity"}))
     fp32 = lambda params: [n for n in ("conv1", "conv2", "fc") if params[f"layer:{n}"] == "fp32"]  # noqa: E731
     # Only fc pays alone: the second trial keeps conv1 and conv2 in fp32 together.
-    first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5)
+    first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5, oq.Targets())
     assert [fp32(p) for p in first] == [[], ["conv1", "conv2"], ["conv1"]]  # the second revert is the second trial
     assert all(p["granularity"] == "per_tensor" for p in first)  # the lowest-error combination
     # All pay alone (the base again), none does (the fp32 model), or not timed: no such trial.
     for timed in (dict(conv1=1.2, conv2=1.1, fc=1.3), dict(conv1=0.9, conv2=0.8, fc=0.7), {}):
-        assert [fp32(p) for p in _guidance(**timed).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
+        assert [fp32(p) for p in _guidance(**timed).startup_params(space, 5, oq.Targets())] == [[], ["conv1"], ["conv1", "conv2"]]
     # The same configuration twice is queued once: conv1 alone slower is the first revert too.
-    assert [fp32(p) for p in _guidance(conv1=0.9, conv2=1.1, fc=1.1).startup_params(space, 5)] == [[], ["conv1"], ["conv1", "conv2"]]
+    assert [fp32(p) for p in _guidance(conv1=0.9, conv2=1.1, fc=1.1).startup_params(space, 5, oq.Targets())] == [[], ["conv1"], ["conv1", "conv2"]]
 
 
 def test_bad_arguments_are_refused_before_measuring(cnn) -> None:
