@@ -113,7 +113,7 @@ def claim_locks(storage: BaseStorage, study_name: str, heartbeat: Heartbeat | No
     Example:
         >>> import optuna
         >>> locks = claim_locks(optuna.storages.InMemoryStorage(), "demo", Heartbeat())
-        >>> with locks("a configuration's key"):
+        >>> with locks("a configuration's key")():
         ...     pass
     """
     lock = study_lock(storage, study_name, heartbeat)
