@@ -25,11 +25,12 @@ $(STAMP): pyproject.toml benchmarks/real_models/requirements.txt
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-# PostgreSQL (multi-worker tests), Chromium (dashboard check), espeak-ng and fonts (the speech and
-# rendered-text evaluations of the real models) come from Debian's packages.
-SYSTEM_PACKAGES := postgresql chromium espeak-ng fonts-dejavu-core fonts-liberation
+# PostgreSQL and MariaDB (multi-worker tests), Chromium (dashboard check), espeak-ng and fonts (the
+# speech and rendered-text evaluations of the real models) come from Debian's packages.
+SYSTEM_PACKAGES := postgresql mariadb-server chromium espeak-ng fonts-dejavu-core fonts-liberation
 system-deps:
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 \
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v mariadb-install-db >/dev/null 2>&1 \
+	  && command -v chromium >/dev/null 2>&1 \
 	  && command -v espeak-ng >/dev/null 2>&1 && ls /usr/share/fonts/truetype/dejavu >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES); \
@@ -55,4 +56,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_latency --repeats 10 --json benchmarks/results/latency_contention.json
 
 clean:
-	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock
+	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock workers.log workers.log.lock

@@ -1,142 +1,324 @@
-"""Worker scaling: trials per minute with 1 and 2 workers on one PostgreSQL study, side by side.
+"""Worker scaling: trials per minute with 1 to 64 worker processes on one study, whose trials take a
+fixed time, on PostgreSQL and through Optuna's gRPC proxy.
 
 Each worker is its own process running ``create_study(..., trials_load_method="warm_start")`` and
-``optimize`` on a shared study, with onnxruntime pinned to one thread. The model is the
-random-weight CNN of :mod:`examples.tiny_cnn` (3x32x32 input, 32/64/64 channels) whose trial costs
-about a second here: quantization from cached ranges, a top-1 evaluation of 384 images (agreement
-with fp32) and the paired latency timing. Rates are taken from the study's own timestamps, from
-the reference trial's end (when every worker can start) to the last trial's end, so process
-start-up is left out. The runs alternate (1, 2, 2, 1 workers) so
-that a change of load on the machine hits both sides. The CPU seconds the worker processes spent
-per trial (start-up included) show what sharing the study costs, whatever else runs on the machine.
+``optimize``, as ``optuna-quant worker`` does on another machine, and everything it does is the
+real worker's (the study lock, the heartbeat, the sampler's claim of a configuration, the
+objective's look for a trial that holds the same one, the records, the dashboard's figures) but
+the measurement: a stand-in sleeps ``--seconds`` instead of building and timing a model. So the
+machine's cores measure what the workers spend coordinating, not computing. The sampler is
+optuna-quant's TPE sampler kept on its random start-up draws (its model fit would be compute);
+the space, 13 layers of a small random CNN, holds 8192 configurations.
+
+Beside each run, the same number of plain Optuna workers (``optuna.load_study`` with Optuna's
+``RandomSampler`` and ``optimize(n_trials=--rounds)``, no heartbeat, no lock, no budget shared
+over the study) suggest the same 13 layers and sleep as long: the floor that Optuna itself sets
+on this machine, so that the figures say what optuna-quant's protocol adds to it.
+
+Reported per run, from the study's own timestamps: trials per minute in the steady state (from one
+trial after the reference completed to one trial before the last trial completed, so that the
+start and the end of the budget, where workers idle whatever the protocol, are left out), the
+efficiency against one worker (rate / (workers x the rate of one)), the study lock's wait and
+hold per trial and the wait's share of a trial's time, those of the configurations' locks
+(the claims), and the CPU seconds per trial of the
+worker processes and of the servers (the database, and the proxy).
 
 Run::
 
-    .venv/bin/python -m benchmarks.bench_workers [--trials 30] [--storage postgresql://...]
+    .venv/bin/python -m benchmarks.bench_workers --storage postgresql --workers 1,8,32,64 --seconds 2
+    .venv/bin/python -m benchmarks.bench_workers --storage grpc --workers 1,8,32,64 --seconds 2
 
-Without ``--storage`` a throwaway PostgreSQL server is started from Debian's binaries
-(:func:`optuna_quant.testing.postgres.postgres_server`, as for the tests).
+A throwaway PostgreSQL server is started from Debian's binaries
+(:func:`optuna_quant.testing.postgres.postgres_server`, as for the tests), and for ``grpc`` Optuna's
+proxy in front of it (:func:`optuna_quant.testing.grpc_proxy.grpc_proxy`).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import contextmanager
 from contextlib import ExitStack
+from dataclasses import asdict
+from dataclasses import dataclass
+import json
 import logging
+import multiprocessing
 import os
 from pathlib import Path
 import resource
 import statistics
-import subprocess
-import sys
+import tempfile
+import time
 
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
 
 import optuna  # noqa: E402
+from optuna.storages import GrpcStorageProxy  # noqa: E402
+import sqlalchemy  # noqa: E402
 
 from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
-from examples.tiny_cnn import fp32_agreement  # noqa: E402
 import optuna_quant as oq  # noqa: E402
+from optuna_quant.measure.latency import LatencyResult  # noqa: E402
+from optuna_quant.measure.measurer import Measurement  # noqa: E402
+from optuna_quant.storages.factory import open_storage  # noqa: E402
+from optuna_quant.storages.lock import StudyLock  # noqa: E402
+from optuna_quant.storages.urls import grpc_address  # noqa: E402
+from optuna_quant.testing.grpc_proxy import grpc_proxy  # noqa: E402
 from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 
 
-CHANNELS = (32, 64, 64)
-SCOPES = ("layer", "granularity", "mode")  # Entropy calibration alone takes seconds: left out
-ORDER = (1, 2, 2, 1)
+LAYERS = 12
+"""Convolutions of the stand-in model: with its output layer, 13 layers, 8192 configurations."""
+STORAGES = ("postgresql", "grpc")
+PROTOCOLS = ("optuna-quant", "plain optuna")
+MEASURED = Measurement(
+    accuracy=0.99, acc_loss=0.01, latency=LatencyResult(fp32_ms=1.0, int8_ms=0.5, lat_diff=2.0, spread=0.0),
+    quantize_seconds=0.0, eval_seconds=0.0, latency_seconds=0.0,
+)
 
 
-def work(storage: str, study_name: str, n_trials: int, seed: int) -> None:
-    """One worker: tune the model on the shared study until it holds ``n_trials`` trials."""
-    model = build_cnn(channels=CHANNELS, image_size=32)
-    benchmark = oq.BenchmarkSettings(threads=1, warmup=3, blocks=5, min_seconds=0.5)
+@dataclass
+class WorkerCost:
+    """What one worker process spent: its CPU, and its study lock's waits and holds."""
+
+    cpu_seconds: float = 0.0
+    locks: int = 0
+    lock_wait: float = 0.0
+    lock_hold: float = 0.0
+    claim: WorkerCost | None = None
+    """The configurations' locks (:func:`optuna_quant.storages.lock.claim_locks`)."""
+
+
+@dataclass
+class Run:
+    """One run of ``workers`` workers on a fresh study."""
+
+    storage: str
+    protocol: str
+    workers: int
+    seconds: float
+    trials: int
+    trials_per_minute: float
+    median_trial_seconds: float
+    worker_cpu_per_trial: float
+    server_cpu_per_trial: float
+    lock_wait_per_trial: float
+    lock_hold_per_trial: float
+    claim_wait_per_trial: float
+    claim_hold_per_trial: float
+    efficiency: float = 0.0
+
+
+def timed(lock: StudyLock, cost: WorkerCost) -> StudyLock:
+    """``lock``, adding each wait for it and each hold of it to ``cost``."""
+
+    @contextmanager
+    def timed_lock() -> Iterator[None]:
+        asked = time.perf_counter()
+        with lock():
+            taken = time.perf_counter()
+            try:
+                yield
+            finally:
+                cost.locks += 1
+                cost.lock_wait += taken - asked
+                cost.lock_hold += time.perf_counter() - taken
+
+    return timed_lock
+
+
+def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, ready, results) -> None:  # type: ignore[no-untyped-def]
+    """One worker: the real one, whose measurement sleeps ``seconds``; its cost goes to ``results``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    model = build_cnn(channels=(4,) * LAYERS, image_size=4)
     study = oq.create_study(
         model,
-        calibration_data(model),
-        fp32_agreement(model, n=384, session_options=benchmark.session_options()),
-        accuracy_loss=1.0,
+        calibration_data(model, n=2),
+        lambda session: 1.0,
+        accuracy_loss=5.0,
         latency_reduce=100.0,  # out of reach: every worker runs its whole share
-        sampler="tpe",
-        seed=seed,
-        scopes=SCOPES,
-        storage=storage,
+        sampler=oq.TPESampler(n_startup_trials=10**9, seed=seed),
+        scopes=("layer",),
+        storage=url,
         study_name=study_name,
         trials_load_method="warm_start",
-        benchmark=benchmark,
+        pre_process=False,
+        sensitivity=False,
+        artifact_dir=artifacts,
     )
     logging.getLogger("optuna_quant").setLevel(logging.WARNING)
+
+    def measure(config: object) -> Measurement:
+        time.sleep(seconds)
+        return MEASURED
+
+    study.objective.measurer.measure = measure
+    study.objective.measurer.baseline = lambda: 1.0
+    cost = WorkerCost(claim=WorkerCost())
+    study.objective.lock = timed(study.objective.lock, cost)
+    locks = study.objective.claim_locks
+    study.objective.claim_locks = lambda key: timed(locks(key), cost.claim)
+    ready.wait()  # every worker made: the runs start together
+    before = resource.getrusage(resource.RUSAGE_SELF)
     study.optimize(n_trials=n_trials)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cost.cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    results.put(cost)
 
 
-def trials_per_minute(storage: str, study_name: str) -> tuple[float, float]:
-    """Trials per minute after the reference, and the median seconds of one trial."""
-    trials = optuna.load_study(study_name=study_name, storage=storage).get_trials()
-    reference = next(t for t in trials if t.user_attrs.get("reference"))
-    others = [t for t in trials if t is not reference]
-    start = reference.datetime_complete
-    end = max(t.datetime_complete for t in others)
-    per_trial = statistics.median((t.datetime_complete - t.datetime_start).total_seconds() for t in others)
-    return 60 * len(others) / (end - start).total_seconds(), per_trial
+def plain_work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, ready, results) -> None:  # type: ignore[no-untyped-def]
+    """One plain Optuna worker: ``n_trials // workers`` trials (``--rounds``) of the same stand-in."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    address = grpc_address(url)
+    storage = url if address is None else GrpcStorageProxy(host=address[0], port=address[1])
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=seed))
+
+    def objective(trial: optuna.Trial) -> float:
+        for layer in range(LAYERS + 1):
+            trial.suggest_categorical(f"layer_{layer}", ["int8", "fp32"])
+        time.sleep(seconds)
+        return 1.0
+
+    ready.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    study.optimize(objective, n_trials=n_trials)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    results.put(WorkerCost(cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)))
 
 
-def run(storage: str, workers: int, n_trials: int, label: str) -> tuple[float, float, float]:
-    """Run ``workers`` worker processes on a fresh study.
+def steady_rate(trials: Sequence[optuna.trial.FrozenTrial], seconds: float) -> float:
+    """Trials per minute completed from one trial after the reference (plain Optuna: the first trial)
+    to one trial before the end."""
+    first = next((t for t in trials if t.user_attrs.get("reference")), min(trials, key=lambda t: t.datetime_complete))
+    start = first.datetime_complete.timestamp() + seconds
+    end = max(t.datetime_complete for t in trials).timestamp() - seconds
+    done = sum(1 for t in trials if t is not first and start < t.datetime_complete.timestamp() <= end)
+    return 60 * done / (end - start)
 
-    Returns:
-        Trials per minute, the median seconds of one trial, and the workers' CPU seconds per trial.
-    """
-    name = f"bench-workers-{label}"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.bench_workers", "--worker", storage, name, str(n_trials), str(seed)],
-            cwd=ROOT,
-        )
-        for seed in range(workers)
-    ]
-    for process in processes:
-        if process.wait() != 0:
-            raise RuntimeError(f"worker of {name} exited with {process.returncode}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return (*trials_per_minute(storage, name), cpu / n_trials)
+
+def process_cpu(pids: Sequence[int]) -> float:
+    """CPU seconds of the processes ``pids`` and of their children, live and ended."""
+    ticks = 0
+    children = {pid: [] for pid in pids}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent = int(fields[1])
+            if parent in children or int(entry.name) in children:
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+                if int(entry.name) in children:
+                    ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: children that ended
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(database_url: str, proxy_url: str | None) -> list[int]:
+    """The PostgreSQL server's main process and, for a proxy, the proxy's."""
+    engine = sqlalchemy.create_engine(database_url)
+    with engine.connect() as connection:
+        backend = connection.execute(sqlalchemy.text("SELECT pg_backend_pid()")).scalar_one()
+    postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    engine.dispose()
+    pids = [postmaster]
+    if proxy_url is not None:
+        port = proxy_url.rsplit(":", 1)[1]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    command = (entry / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if "run_grpc_proxy_server" in command and f"port={port}" in command:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def run(storage: str, protocol: str, url: str, servers: list[int], workers: int, rounds: int, seconds: float, label: str) -> Run:
+    """Run ``workers`` worker processes on a fresh study until it holds ``workers * rounds`` trials."""
+    context = multiprocessing.get_context("fork")  # the workers share the parent's imports
+    ready, results = context.Barrier(workers + 1), context.Queue()
+    if protocol == "optuna-quant":
+        target, n_trials = work, workers * rounds
+    else:
+        optuna.create_study(study_name=label, storage=open_storage(url))
+        target, n_trials = plain_work, rounds
+    with tempfile.TemporaryDirectory() as artifacts:
+        processes = [
+            context.Process(target=target, args=(url, label, n_trials, seed, seconds, artifacts, ready, results))
+            for seed in range(workers)
+        ]
+        for process in processes:
+            process.start()
+        ready.wait()
+        server_cpu = process_cpu(servers)
+        costs = [results.get() for _ in processes]
+        for process in processes:
+            process.join()
+            if process.exitcode != 0:
+                raise RuntimeError(f"a worker of {label} exited with {process.exitcode}")
+        server_cpu = process_cpu(servers) - server_cpu
+    trials = optuna.load_study(study_name=label, storage=open_storage(url)).get_trials()
+    return Run(
+        storage=storage,
+        protocol=protocol,
+        workers=workers,
+        seconds=seconds,
+        trials=len(trials),
+        trials_per_minute=steady_rate(trials, seconds),
+        median_trial_seconds=statistics.median((t.datetime_complete - t.datetime_start).total_seconds() for t in trials),
+        worker_cpu_per_trial=sum(c.cpu_seconds for c in costs) / len(trials),
+        server_cpu_per_trial=server_cpu / len(trials),
+        lock_wait_per_trial=sum(c.lock_wait for c in costs) / len(trials),
+        lock_hold_per_trial=sum(c.lock_hold for c in costs) / len(trials),
+        claim_wait_per_trial=sum(c.claim.lock_wait for c in costs if c.claim) / len(trials),
+        claim_hold_per_trial=sum(c.claim.lock_hold for c in costs if c.claim) / len(trials),
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line's options (``sys.argv[1:]`` when ``argv`` is ``None``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=30, help="trials per study (default 30)")
-    parser.add_argument("--storage", help="a PostgreSQL URL; default: a throwaway local server")
-    parser.add_argument("--worker", nargs=4, metavar=("URL", "STUDY", "N", "SEED"), help=argparse.SUPPRESS)
+    parser.add_argument("--storage", choices=STORAGES, default="postgresql", help="where the workers meet")
+    parser.add_argument("--workers", default="1,8,32,64", help="worker counts, comma-separated (1 first)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="the stand-in trial's duration")
+    parser.add_argument("--rounds", type=int, default=10, help="trials per worker")
+    parser.add_argument("--json", type=Path, help="also write the runs to this file")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.worker:
-        url, study_name, n, seed = args.worker
-        work(url, study_name, int(n), int(seed))
-        return
+    counts = [int(n) for n in args.workers.split(",")]
     with ExitStack() as stack:
-        storage = args.storage
-        if storage is None:
-            storage = stack.enter_context(postgres_server())
-        print(f"load average before: {os.getloadavg()}")
-        rates: dict[int, list[float]] = {1: [], 2: []}
-        for i, workers in enumerate(ORDER):
-            rate, seconds, cpu = run(storage, workers, args.trials, f"{workers}-{i}")
-            rates[workers].append(rate)
-            print(
-                f"{workers} worker(s): {rate:6.1f} trials/min (median trial {seconds:.2f} s, "
-                f"{cpu:.2f} CPU s per trial)"
-            )
-        print(f"load average after: {os.getloadavg()}")
-        one, two = statistics.mean(rates[1]), statistics.mean(rates[2])
-        print(f"mean: 1 worker {one:.1f} trials/min, 2 workers {two:.1f} trials/min, ratio {two / one:.2f}x")
+        database = stack.enter_context(postgres_server(max_connections=4 * max(counts) + 20))
+        url = stack.enter_context(grpc_proxy(database)) if args.storage == "grpc" else database
+        servers = server_pids(database, url if args.storage == "grpc" else None)
+        print(f"load average before: {os.getloadavg()}", flush=True)
+        runs: list[Run] = []
+        for i, workers in enumerate(counts):
+            for protocol in PROTOCOLS:  # side by side: the machine's load weighs on both alike
+                result = run(args.storage, protocol, url, servers, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}")
+                alone = next((r for r in runs if r.protocol == protocol), result)
+                result.efficiency = result.trials_per_minute / (workers * alone.trials_per_minute / alone.workers)
+                runs.append(result)
+                print(
+                    f"{args.storage} {protocol:>12} {workers:3d} worker(s): {result.trials_per_minute:7.1f} trials/min, "
+                    f"efficiency {result.efficiency:.2f}; per trial: lock wait {1000 * result.lock_wait_per_trial:.0f} ms "
+                    f"({result.lock_wait_per_trial / result.median_trial_seconds:.1%} of {result.median_trial_seconds:.2f} s), "
+                    f"hold {1000 * result.lock_hold_per_trial:.0f} ms; claim's lock wait {1000 * result.claim_wait_per_trial:.0f} ms, "
+                    f"hold {1000 * result.claim_hold_per_trial:.0f} ms; CPU {1000 * result.worker_cpu_per_trial:.0f} ms in "
+                    f"workers + {1000 * result.server_cpu_per_trial:.0f} ms in servers",
+                    flush=True,
+                )
+        print(f"load average after: {os.getloadavg()}", flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ the tiny BERT of :mod:`examples.bert` (exported once, cached under ``.cache/bert
 ``make_study`` creates a study of that CNN in tmp_path; ``write_project`` writes a CLI project
 and ``load_project_study`` reads its study back; ``tuned`` is the config of a CLI project whose
 study the CLI has run. ``postgres_url`` is a throwaway PostgreSQL database
-(:mod:`optuna_quant.testing.postgres`). ``subprocess_env`` is the environment of the processes the
+(:mod:`optuna_quant.testing.postgres`), ``mariadb_url`` one of a throwaway MariaDB server
+(:mod:`optuna_quant.testing.mariadb`), ``grpc_url`` Optuna's gRPC proxy in front of a throwaway
+PostgreSQL database of its own (:mod:`optuna_quant.testing.grpc_proxy`). ``subprocess_env`` is the environment of the processes the
 tests start; ``assert_int8_layers`` checks which layers of an int8 model are quantized.
 """
 
@@ -36,6 +38,8 @@ from optuna_quant import logs
 from optuna_quant.cli import main
 from optuna_quant.measure.evaluate import Top1Accuracy
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.testing import mariadb
+from optuna_quant.testing.grpc_proxy import grpc_proxy
 from optuna_quant.testing.postgres import NO_BINARIES
 from optuna_quant.testing.postgres import pg_bindir
 from optuna_quant.testing.postgres import postgres_server
@@ -215,3 +219,31 @@ def postgres_url() -> Iterator[str]:
         pytest.skip(NO_BINARIES)
     with postgres_server() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def mariadb_url() -> Iterator[str]:
+    """The URL of a fresh MariaDB database, removed with its server after the module."""
+    if mariadb.server_binaries() is None:
+        pytest.skip(mariadb.NO_BINARIES)
+    with mariadb.mariadb_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def grpc_url() -> Iterator[str]:
+    """``grpc://`` URL of Optuna's gRPC proxy in front of a fresh PostgreSQL database of its own."""
+    if pg_bindir() is None:
+        pytest.skip(NO_BINARIES)
+    with postgres_server() as url, grpc_proxy(url) as proxy:
+        yield proxy
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "journal", "grpc"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of each storage that workers share, for one test each (its servers: the module's)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/study.db"
+    if request.param == "journal":
+        return f"journal:{tmp_path}/study.log"
+    return request.getfixturevalue({"postgresql": "postgres_url", "mariadb": "mariadb_url", "grpc": "grpc_url"}[request.param])

@@ -40,11 +40,11 @@ from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import NotWritableError
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.rdb import default_artifact_dir
-from optuna_quant.storages.rdb import open_storage
-from optuna_quant.storages.rdb import StorageError
 from optuna_quant.storages.urls import describe
 from optuna_quant.storages.urls import sqlite_file
+from optuna_quant.storages.urls import StorageError
 from optuna_quant.study import create_study
 from optuna_quant.study import QuantStudy
 from optuna_quant.trial.records import reference_scaling

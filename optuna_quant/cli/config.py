@@ -3,8 +3,8 @@
 A config file is YAML (or JSON, for a ``.json`` file) holding one mapping. Every key is checked
 before any long work starts (:mod:`.schema`): an unknown key is an error that names it, the file
 and the closest known key; a value of the wrong type names its key. Relative paths (and the file
-of a ``sqlite:///`` storage) resolve against the config file's folder, so a run does not depend on
-the directory it is started from.
+of a ``sqlite:///`` or ``journal:`` storage) resolve against the config file's folder, so a run
+does not depend on the directory it is started from.
 
 ``model``, ``calibration_data`` and ``eval_data`` are files or Python entry points
 ``module:function``, and ``eval_fn`` names the evaluation function itself; :mod:`.loaders` loads
@@ -47,6 +47,8 @@ from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import NotWritableError
 from optuna_quant.storages.rdb import default_artifact_dir
 from optuna_quant.storages.rdb import DEFAULT_STORAGE
+from optuna_quant.storages.urls import journal_file
+from optuna_quant.storages.urls import JOURNAL_SCHEME
 from optuna_quant.storages.urls import sqlite_file
 from optuna_quant.study import create_study
 from optuna_quant.study.load_methods import FINE_TUNE_SUFFIX
@@ -242,7 +244,10 @@ def _resolve_path(value: str, folder: Path) -> str:
 
 
 def _resolve_storage(url: str, folder: Path) -> str:
-    """An SQLite URL of a relative file made absolute against ``folder``; other URLs unchanged."""
+    """An SQLite or journal URL of a relative file made absolute against ``folder``; other URLs unchanged."""
+    journal = journal_file(url)
+    if journal is not None:
+        return f"{JOURNAL_SCHEME}{_resolve_path(str(journal), folder)}"
     file = sqlite_file(url)
     if file is None or file.is_absolute():
         return url

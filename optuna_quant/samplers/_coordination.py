@@ -40,6 +40,7 @@ from optuna.trial import TrialState
 from optuna_quant._optuna_private import fixed_params
 from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant._optuna_private import storage_backend
+from optuna_quant._optuna_private import study_identity
 from optuna_quant._optuna_private import study_storage
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
@@ -48,6 +49,7 @@ from optuna_quant.samplers._discrete import DiscreteSpace
 CLAIM_KEY = "optuna_quant:claim"
 DEFAULT_WAIT_SECONDS = 5.0
 _POLL_SECONDS = 0.02
+_MAX_POLL_SECONDS = 0.32
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -83,17 +85,23 @@ def other_trials(
     """
     names = tuple(names)
     deadline = time.monotonic() + wait_bound(study_storage(study), wait_seconds)
-    while True:
-        # Not the study's per-ask cache: the point is to see what other workers wrote meanwhile.
-        trials = study.get_trials(deepcopy=False)
+    # Not the study's per-trial cache: the point is to see what other workers wrote meanwhile.
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+    undecided = [
+        t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
+    ]
+    # One read of the study's unfinished trials a look (Optuna's cache keeps the finished ones): with
+    # tens of workers, reading the undecided trials one row each cost more than the choice.
+    storage, study_id = study_identity(study)
+    poll = _POLL_SECONDS
+    while undecided and time.monotonic() < deadline:
+        time.sleep(poll)
+        poll = min(2 * poll, _MAX_POLL_SECONDS)
+        trials = [t for t in storage.get_all_trials(study_id, deepcopy=False) if t.number != trial.number]
         undecided = [
-            t
-            for t in trials
-            if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
+            t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
         ]
-        if not undecided or time.monotonic() >= deadline:
-            return [t for t in trials if t.number != trial.number]
-        time.sleep(_POLL_SECONDS)
+    return trials
 
 
 def held_params(trial: FrozenTrial, names: Sequence[str]) -> dict[str, Any] | None:

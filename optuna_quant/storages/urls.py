@@ -1,10 +1,15 @@
-"""Storage URLs: their passwords masked for messages, and the file of an SQLite one.
+"""Storage URLs: their passwords masked for messages, the error that names a storage, and what
+the URLs beside SQLAlchemy's name (``journal:PATH``, ``grpc://HOST:PORT``).
 
 Example:
     >>> masked_url("postgresql://quant:secret@db.example.com/studies")
     'postgresql://quant:***@db.example.com/studies'
     >>> masked_url("quant:p@ss@db.example.com/studies?password=p@ss")
     'quant:***@db.example.com/studies?password=***'
+    >>> journal_file("journal:/shared/studies/resnet.log")
+    PosixPath('/shared/studies/resnet.log')
+    >>> grpc_address("grpc://proxy.example.com:13000")
+    ('proxy.example.com', 13000)
 """
 
 from __future__ import annotations
@@ -19,6 +24,19 @@ from sqlalchemy.engine import make_url
 
 
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&]*", re.IGNORECASE)
+JOURNAL_SCHEME = "journal:"
+GRPC_SCHEME = "grpc://"
+
+
+SHARED_STORAGES = (
+    "PostgreSQL or MySQL/MariaDB (a database URL), a journal file on a shared file system "
+    "('journal:PATH') or Optuna's gRPC proxy in front of a database ('grpc://HOST:PORT')"
+)
+"""The storages whose workers on several machines share a study, as messages name them."""
+
+
+class StorageError(ValueError):
+    """A storage that cannot be opened or shared; the message names it, its password masked."""
 
 
 def masked_url(url: str) -> str:
@@ -51,6 +69,27 @@ def describe(storage: str | BaseStorage) -> str:
     if isinstance(storage, RDBStorage):
         return masked_url(storage.url)
     return type(storage).__name__
+
+
+def journal_file(url: str) -> Path | None:
+    """The log file of a ``journal:PATH`` URL (a relative path from here); else ``None``."""
+    if not url.startswith(JOURNAL_SCHEME):
+        return None
+    return Path(url.removeprefix(JOURNAL_SCHEME)).expanduser()
+
+
+def grpc_address(url: str) -> tuple[str, int] | None:
+    """The host and port of Optuna's gRPC proxy named by a ``grpc://HOST:PORT`` URL; else ``None``.
+
+    Raises:
+        StorageError: If the port is missing or no number.
+    """
+    if not url.startswith(GRPC_SCHEME):
+        return None
+    host, _, port = url.removeprefix(GRPC_SCHEME).rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise StorageError(f"Storage URL {masked_url(url)!r} names no gRPC proxy: give grpc://HOST:PORT.")
+    return host, int(port)
 
 
 def sqlite_file(storage: str | BaseStorage) -> Path | None:

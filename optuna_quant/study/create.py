@@ -27,11 +27,14 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.storages.artifacts import check_writable
+from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.heartbeat import GRACE_PERIOD
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.heartbeat import HEARTBEAT_INTERVAL
+from optuna_quant.storages.lock import claim_locks
+from optuna_quant.storages.lock import in_memory
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.rdb import default_artifact_dir
-from optuna_quant.storages.rdb import GRACE_PERIOD
-from optuna_quant.storages.rdb import HEARTBEAT_INTERVAL
-from optuna_quant.storages.rdb import open_storage
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.study.load_methods import open_study
 from optuna_quant.study.load_methods import plan_load
@@ -94,9 +97,10 @@ def create_study(
         latency_weight: Weight of the latency term of POT's loss.
         sampler: ``"tpe"`` (default), ``"gp"``, ``"random"``, or any Optuna sampler.
         seed: Seed of a sampler given by name.
-        storage: Any Optuna storage URL or object; default an SQLite file, ``optuna_quant.db``.
-            Every database runs Optuna's heartbeat, which runs again the trial of a worker that
-            died; a database server (``postgresql://...``) lets workers on many machines share it.
+        storage: A storage URL or Optuna storage object; default an SQLite file,
+            ``optuna_quant.db``. PostgreSQL, MySQL/MariaDB, a journal file on a shared file system
+            (``journal:PATH``) or Optuna's gRPC proxy (``grpc://HOST:PORT``) let workers on many
+            machines share it (:mod:`optuna_quant.storages.factory`); any other is refused.
         study_name: The study's name in the storage.
         trials_load_method: ``cold_start``, ``warm_start``, ``fine_tune`` or ``eval`` (POT's).
             Every worker of a shared study uses ``warm_start``: it runs on the search space that
@@ -122,7 +126,8 @@ def create_study(
             optuna-dashboard shows. ``best_result`` follows POT's rule in both.
         artifact_dir: Folder of the artifact store for the best model (optuna-dashboard's
             ``--artifact-dir``); default beside the SQLite file, or ``./optuna_quant-artifacts``.
-        heartbeat_interval: Seconds between heartbeats of a running trial (every database).
+        heartbeat_interval: Seconds between heartbeats of a running trial (on every storage but
+            one in memory), which run again the trial of a worker that died.
         grace_period: Seconds without a heartbeat after which a trial's worker counts as dead.
         pre_process: Prepare the model with onnxruntime's ``quant_pre_process`` (BatchNorm
             folding, graph optimization) before quantizing it; ``"transformer"`` runs
@@ -144,8 +149,8 @@ def create_study(
         ValueError, TypeError, FileNotFoundError: For bad input, or a stored study made with
             another search space or joined from a CPU of another int8 class (under warm_start:
             before the model is read), before any trial runs; a storage that cannot be opened raises
-            :class:`optuna_quant.storages.rdb.StorageError` (a ``ValueError``) naming its URL, before
-            anything is written.
+            :class:`optuna_quant.storages.urls.StorageError` (a ``ValueError``) naming its URL, and
+            so does one whose workers optuna-quant cannot keep apart, before anything is written.
     """
     # Stages, in this order so that nothing stored is touched before every check passed:
     # settings; the storage, read only; the model and data (preparation, calibration: the
@@ -159,7 +164,8 @@ def create_study(
     if isinstance(benchmark, dict):
         benchmark = BenchmarkSettings.from_dict(benchmark)
     sampler_obj = make_sampler(sampler, seed)
-    storage_obj = open_storage(storage, heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    heartbeat = Heartbeat(heartbeat_interval, grace_period)
+    storage_obj = open_storage(storage, grace_period=grace_period)
     scopes = tuple(scopes)
     cpu = int8_support()
     plan = plan_load(
@@ -170,13 +176,16 @@ def create_study(
         from optuna_quant.quantization.torch_export import export_module
 
         model, node_modules = export_module(model, example_inputs)
-    lock = study_lock(storage_obj, plan.name)
+    if in_memory(storage_obj):
+        heartbeat = None  # no other process can watch it
+    lock = study_lock(storage_obj, plan.name, heartbeat)
     objective = QuantizationObjective(
         model, calibration_data, eval_fn,
         targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
         fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
-        stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, guided=sensitivity,
-        latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
+        stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, heartbeat=heartbeat,
+        claim_locks=claim_locks(storage_obj, plan.name, heartbeat),
+        guided=sensitivity, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

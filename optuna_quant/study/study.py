@@ -32,6 +32,7 @@ from optuna_quant import logs
 from optuna_quant.measure.loss import Targets
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.artifacts import upload_model
+from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.study.worker import Worker
 from optuna_quant.trial import records
@@ -96,6 +97,11 @@ class QuantStudy:
         return self.objective.settings.stop_on_target
 
     @property
+    def heartbeat(self) -> Heartbeat | None:
+        """This worker's heartbeat; ``None`` for a storage that no other process can open."""
+        return self.objective.heartbeat
+
+    @property
     def lock(self) -> StudyLock:
         """The lock that every worker of this study shares."""
         return self.objective.lock
@@ -112,7 +118,7 @@ class QuantStudy:
         ``n_trials`` is the study's total, shared by every worker and counting the reference:
         under ``warm_start`` the earlier trials count, and workers on one storage stop together
         at ``n_trials``. A trial that fails is recorded as failed with its reason and the run goes
-        on; a trial whose worker died is failed by Optuna's heartbeat and run again by another
+        on; a trial whose worker died is failed by the heartbeat and run again by another
         worker (see :mod:`optuna_quant.study.worker`). At the end the best model is stored as an
         artifact of the study.
 
@@ -148,6 +154,7 @@ class QuantStudy:
                     self.storage,
                     self.objective,
                     self.lock,
+                    self.heartbeat,
                     n_trials,
                     timeout=timeout,
                     callbacks=[self.figures, *callbacks],

@@ -1,10 +1,13 @@
 """The worker loop: how every process that shares a study decides whether to run one more trial.
 
-Each decision is taken under the study lock (:func:`optuna_quant.storages.lock.study_lock`) from the
-study's trials alone (rules 2 to 6 are :func:`decide`), and the lock is held until Optuna has asked
-for the trial, so the count that allowed it includes it for the next worker:
+Each decision is taken from the study's trials alone (rules 2 to 6 are :func:`decide`); the trial
+it runs is then popped or made under the study lock
+(:func:`optuna_quant.storages.lock.study_lock`), provided the budget still has room with the
+trials that other workers made since the read, so that the count that allowed it includes it for
+the next worker. The lock is held for a few storage calls of one row each; then the trial beats
+(:class:`optuna_quant.storages.heartbeat.Heartbeat`) while its objective runs:
 
-1. fail the trials of dead workers (Optuna's heartbeat: they are queued again);
+1. fail the trials of dead workers (their heartbeat went stale: they are queued again);
 2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
 3. until the reference stored its scaling: wait while it runs, pop it (or a trial the user
    queued) if one is queued, queue it if it is missing and the budget has room;
@@ -18,30 +21,37 @@ Every wait is :class:`optuna_quant.storages.waiting.Waiter`'s: it ends when the 
 once its worker's heartbeat is stale for the grace period.
 
 Example:
-    >>> Worker(study, storage, objective, lock, n_trials=40).run()   # doctest: +SKIP
+    >>> Worker(study, storage, objective, lock, Heartbeat(), n_trials=40).run()   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager
+from contextlib import nullcontext
 import enum
 import logging
 import time
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from optuna_quant._optuna_private import record_first_heartbeat
-from optuna_quant._optuna_private import stop_orphan_heartbeats
+from optuna_quant._optuna_private import clear_trials_cache
+from optuna_quant._optuna_private import log_completed_trial
+from optuna_quant._optuna_private import study_identity
+from optuna_quant._optuna_private import trial_id
+from optuna_quant._optuna_private import TRIAL_LINE_LOGGERS
 from optuna_quant.measure.loss import Targets
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.heartbeat import MAX_RETRY
+from optuna_quant.storages.heartbeat import queue_again
 from optuna_quant.storages.lock import StudyLock
-from optuna_quant.storages.rdb import MAX_RETRY
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import guidance
@@ -54,6 +64,8 @@ from optuna_quant.trial.stopping import target_reached
 
 
 _logger = logging.getLogger("optuna_quant")
+# Where optimize logs a pruned or failed trial: logs.compact_trial_lines sums up its parameters there.
+_optuna_logger = logging.getLogger(TRIAL_LINE_LOGGERS[1])
 _COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -84,20 +96,6 @@ def counted_trials(trials: Sequence[FrozenTrial]) -> int:
     """
     retried = retried_numbers(trials)
     return sum(1 for t in trials if t.state in _COUNTED and t.number not in retried)
-
-
-def _newly_running(before: Sequence[FrozenTrial], now: Sequence[FrozenTrial]) -> int | None:
-    """The number of the trial that is RUNNING in ``now`` and was not in ``before``, if any.
-
-    Example:
-        >>> waiting = optuna.trial.create_trial(state=TrialState.WAITING)
-        >>> running = optuna.trial.create_trial(state=TrialState.RUNNING)
-        >>> waiting.number, running.number = 3, 3
-        >>> _newly_running([waiting], [running]), _newly_running([running], [running])
-        (3, None)
-    """
-    was_running = {t.number for t in before if t.state == TrialState.RUNNING}
-    return next((t.number for t in now if t.state == TrialState.RUNNING and t.number not in was_running), None)
 
 
 def decide(
@@ -161,10 +159,11 @@ class Worker:
         storage: The storage the study was opened on.
         objective: The quantization objective.
         lock: The study lock every worker shares.
+        heartbeat: This worker's heartbeat; ``None`` for a storage no other process can open.
         n_trials: The study's total trials (POT's ``max_trials``); ``None`` for no limit.
         timeout: Seconds after which no trial starts (POT's ``max_minutes * 60``).
-        callbacks: Optuna ``optimize`` callbacks, called after each trial (each trial is one
-            ``study.optimize`` call: ``study.stop()`` in a callback does not end this loop).
+        callbacks: Optuna ``optimize`` callbacks, called after each trial (``study.stop()`` in a
+            callback does not end this loop).
         show_progress_bar: Show trial k of N, the best result so far and the time left.
     """
 
@@ -174,6 +173,7 @@ class Worker:
         storage: optuna.storages.BaseStorage,
         objective: QuantizationObjective,
         lock: StudyLock,
+        heartbeat: Heartbeat | None,
         n_trials: int | None,
         timeout: float | None = None,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
@@ -183,11 +183,13 @@ class Worker:
         self.storage = storage
         self.objective = objective
         self.lock = lock
+        self.heartbeat = heartbeat
         self.n_trials = n_trials
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.callbacks = list(callbacks)
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
-        self.waiter = Waiter()
+        self.waiter = Waiter(heartbeat)
+        self.reference_stored = False
 
     def run(self) -> None:
         """Run trials until the study needs no more from this worker.
@@ -200,29 +202,26 @@ class Worker:
             check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
         with self.bar:
             while True:
-                (step, trials), held = self.waiter.until(self.lock, self.study, self._look, fail_stale=True)
+                step, trials = self.waiter.watch(self.lock, self.study, self._look)
                 if step == Step.STOP:
-                    held.close()
                     return
                 self._take_prior()
-                # Optuna asks for the trial under the lock; the objective releases it.
-                self._run_one(held, trials)
+                trial_id = self._take_trial(step, trials)
+                if trial_id is not None:
+                    self._run_trial(trial_id)
 
-    def _look(self) -> tuple[tuple[Step, list[FrozenTrial]] | None, str]:
-        trials = self.study.get_trials(deepcopy=False)
+    def _look(self, trials: Sequence[FrozenTrial]) -> tuple[tuple[Step, Sequence[FrozenTrial]] | None, str]:
         self._show(trials)
+        # Stored once for all: one read less a decision once it is.
+        self.reference_stored = self.reference_stored or records.reference_scaling(self.study) is not None
         step, waiting_on = decide(
             trials,
             self.n_trials,
-            reference_stored=records.reference_scaling(self.study) is not None,
+            reference_stored=self.reference_stored,
             past_deadline=self.deadline is not None and time.monotonic() >= self.deadline,
             stop_targets=self.objective.targets if self.objective.settings.stop_on_target else None,
         )
-        if step == Step.WAIT:
-            return None, waiting_on
-        if step == Step.QUEUE_REFERENCE:
-            records.enqueue_reference(self.study, self.objective.space.default_params())
-        return (step, trials), ""
+        return (None, waiting_on) if step == Step.WAIT else ((step, trials), "")
 
     def _take_prior(self) -> None:
         """Give the sampler the study's prior as it stands: the measured one, and the choices any
@@ -230,48 +229,99 @@ class Worker:
         objective = self.objective
         guidance.set_prior(self.study.sampler, self.study, objective.targets, objective.space, objective.settings.guided)
 
-    def _run_one(self, lock: ExitStack, before: Sequence[FrozenTrial]) -> None:
-        asked: list[optuna.Trial] = []
-        reference_error: list[ReferenceMeasurementError] = []
+    def _take_trial(self, step: Step, trials: Sequence[FrozenTrial]) -> int | None:
+        """Under the study lock, the trial that ``step`` runs: the reference queued and popped for
+        :attr:`Step.QUEUE_REFERENCE`, else the first queued trial of ``trials`` that is still
+        queued, else a new one once the reference stored its scaling.
 
-        def objective(trial: optuna.Trial) -> Any:
-            asked.append(trial)  # first: a Ctrl-C from here on queues the trial again
-            record_first_heartbeat(self.storage, trial)  # a kill from here on fails the trial
-            lock.close()
+        ``trials`` were read and decided on before the lock, which is held for a few calls of one
+        row each: the decision holds as long as the budget keeps room with every trial made since
+        the read counted, which whether one trial number exists tells. Its storage id, or
+        ``None`` to read and decide again.
+        """
+        storage, study_id = study_identity(self.study)
+        room = None if self.n_trials is None else self.n_trials - counted_trials(trials)
+
+        def made_since(count: int) -> bool:  # whether at least ``count`` trials were made since the read
             try:
-                return self.objective.run(trial, self.n_trials)
-            except ReferenceMeasurementError as err:
-                reference_error.append(err)
-                raise
+                storage.get_trial_id_from_study_id_trial_number(study_id, len(trials) + count - 1)
+                return True
+            except KeyError:
+                return False
 
+        # A Ctrl-C inside the storage call that makes or pops the trial leaves one with no worker,
+        # which the heartbeat fails after the grace period, like a dead worker's.
+        with self.lock():
+            if step == Step.QUEUE_REFERENCE:
+                if made_since(1):  # perhaps the reference
+                    return None
+                records.enqueue_reference(self.study, self.objective.space.default_params())
+                queued = [storage.get_trial_id_from_study_id_trial_number(study_id, len(trials))]
+            else:
+                queued = [trial_id(t) for t in trials if t.state == TrialState.WAITING]
+            for waiting in queued:
+                try:
+                    if storage.set_trial_state_values(waiting, TrialState.RUNNING):
+                        return waiting
+                except UpdateFinishedTrialError:
+                    pass
+            # Before the scaling is stored only a queued trial runs: a new one, made because another
+            # worker popped the queued reference since the read, would measure the reference again.
+            if not self.reference_stored or (room is not None and (room < 1 or made_since(room))):
+                return None
+            return storage.create_new_trial(study_id)
+
+    def _run_trial(self, trial_id: int) -> None:
+        """Run the objective on the trial ``trial_id``, beating, and tell the study its result, as
+        Optuna's ``optimize`` does (its log lines too); then the callbacks."""
+        number = study_identity(self.study)[0].get_trial(trial_id).number
+        clear_trials_cache(self.study)  # the samplers read the trials once for this trial, as after Optuna's ask
+        error: Exception | None = None
         try:
-            self.study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=self.callbacks)
+            trial = optuna.Trial(self.study, trial_id)  # the sampler's before_trial runs here
+            with self._beating(trial):
+                values = self.objective.run(trial, self.n_trials)
         except KeyboardInterrupt:
-            # Before the objective ran (in Optuna's ask: the sampler), the lock is still held and
-            # the asked trial is the one that became RUNNING under it.
-            number = asked[0].number if asked else _newly_running(before, self.study.get_trials(deepcopy=False))
-            lock.close()
-            stop_orphan_heartbeats()  # a Ctrl-C in Optuna's heartbeat entry would keep the process alive
-            if number is not None:
-                self._requeue(number)
+            self._requeue(number)
             raise
-        finally:
-            lock.close()  # when Optuna's ask itself failed
-        if reference_error:
-            raise reference_error[0]
+        except optuna.TrialPruned as err:
+            frozen = self._tell(number, state=TrialState.PRUNED)
+            _optuna_logger.info("Trial %d pruned. %s", number, err)
+        except Exception as err:
+            error = err
+            frozen = self._tell(number, state=TrialState.FAIL)
+            _optuna_logger.warning(
+                "Trial %d failed with parameters: %s because of the following error: %r.",
+                number, frozen.params, err, exc_info=err,
+            )
+        else:
+            frozen = self._tell(number, values)
+            if frozen.state == TrialState.COMPLETE:
+                log_completed_trial(self.study, frozen)
+        for callback in self.callbacks:
+            callback(self.study, frozen)
+        if isinstance(error, ReferenceMeasurementError):
+            raise error
+
+    def _tell(self, number: int, values: Any = None, state: TrialState | None = None) -> FrozenTrial:
+        try:
+            return self.study.tell(number, values, state=state)
+        except (UpdateFinishedTrialError, ValueError):  # failed meanwhile: its heartbeat went stale
+            _logger.warning("Trial %d was failed as stale while it ran: its retry runs it again.", number)
+            return self.study.get_trials(deepcopy=False)[number]
+
+    def _beating(self, trial: optuna.Trial) -> AbstractContextManager[None]:
+        return nullcontext() if self.heartbeat is None else self.heartbeat.beating(self.study, trial)
 
     def _requeue(self, number: int) -> None:
         """Fail and queue again a trial interrupted here (Ctrl-C), as the heartbeat does a dead worker's."""
         # Under the lock, as the heartbeat's retries: no worker decides between the FAIL and the retry.
         with self.lock():
             trial = self.study.get_trials(deepcopy=False)[number]
-            if trial.state == TrialState.RUNNING:
-                # Interrupted before Optuna's heartbeat began (in the ask) or while Optuna told the
-                # result: a trial with no heartbeat is never failed as stale, and others would wait on it.
+            if trial.state == TrialState.RUNNING:  # at once, rather than after its grace period
                 trial = self.study.tell(number, state=TrialState.FAIL)
             if trial.state == TrialState.FAIL:
-                with optuna_warnings_off():
-                    RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, trial)
+                queue_again(self.study, trial, MAX_RETRY)
             _logger.info("Trial %d was interrupted: queued again for the next worker.", number)
 
     def _show(self, trials: list[FrozenTrial]) -> None:

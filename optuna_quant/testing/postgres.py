@@ -56,19 +56,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _runner() -> tuple[list[str], pwd.struct_passwd | None]:
+def run_as(user: str) -> tuple[list[str], pwd.struct_passwd | None]:
+    """How to run a server that refuses root: the command prefix and the account, as ``user``
+    when the caller is root; as the caller otherwise.
+
+    Raises:
+        RuntimeError: If the caller is root and there is no such user.
+    """
     if os.geteuid() != 0:
         return [], None
     try:
-        account = pwd.getpwnam("postgres")
+        account = pwd.getpwnam(user)
     except KeyError:
-        raise RuntimeError("running as root and there is no 'postgres' user to run the server as") from None
-    return ["runuser", "-u", "postgres", "--"], account
+        raise RuntimeError(f"running as root and there is no {user!r} user to run the server as") from None
+    return ["runuser", "-u", user, "--"], account
 
 
 @contextmanager
-def postgres_server() -> Iterator[str]:
+def postgres_server(max_connections: int = 200, port: int | None = None) -> Iterator[str]:
     """Start a server in a temp folder; yield the URL of a fresh database; stop and remove it.
+
+    Args:
+        max_connections: Connections the server accepts at once (each worker holds up to three).
+        port: The port to listen on; a free one by default.
 
     Raises:
         RuntimeError: If no PostgreSQL binaries are installed, or root has no 'postgres' user.
@@ -76,18 +86,18 @@ def postgres_server() -> Iterator[str]:
     bindir = pg_bindir()
     if bindir is None:
         raise RuntimeError(NO_BINARIES)
-    prefix, account = _runner()
+    prefix, account = run_as("postgres")
     folder = Path(tempfile.mkdtemp(prefix="optuna-quant-pg-"))
     if account is not None:
         os.chown(folder, account.pw_uid, account.pw_gid)
-    data, port = folder / "data", free_port()
+    data, port = folder / "data", port or free_port()
 
     def run(*args: str) -> None:
         subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
 
     try:
         run(str(bindir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
-        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections}"
         run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
         try:
             run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE)

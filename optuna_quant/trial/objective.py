@@ -6,9 +6,9 @@ parameters into a configuration of its search space and has the
 :class:`~optuna_quant.measure.measurer.Measurer` measure it; the reference that scales the loss
 is :mod:`optuna_quant.trial.reference`, the stored records :mod:`optuna_quant.trial.records`.
 A configuration that a trial measured already is not measured again: the trial copies that
-result. One that a running trial claimed is waited for (:class:`optuna_quant.storages.waiting.Waiter`),
-then copied. A configuration that fails has its choices measured alone, and those that fail
-alone are dropped from the study (:mod:`optuna_quant.trial.failures`).
+result. One that a running trial claimed is waited for, then copied
+(:mod:`optuna_quant.trial.claim`). A configuration that fails has its choices measured alone, and
+those that fail alone are dropped from the study (:mod:`optuna_quant.trial.failures`).
 
 Example:
     >>> objective = QuantizationObjective("model.onnx", calib, eval_fn)   # doctest: +SKIP
@@ -29,7 +29,6 @@ from typing import Any
 import onnx
 import optuna
 from optuna.trial import FrozenTrial
-from optuna.trial import TrialState
 
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -41,10 +40,12 @@ from optuna_quant.measure.loss import weighted_loss
 from optuna_quant.measure.measurer import Measurement
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.lock import ClaimLocks
 from optuna_quant.storages.lock import StudyLock
-from optuna_quant.storages.waiting import Waiter
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
+from optuna_quant.trial.claim import claim
 from optuna_quant.trial.guidance import guide_study
 from optuna_quant.trial.guidance import set_prior as guide_prior
 from optuna_quant.trial.reference import measure_reference
@@ -104,6 +105,10 @@ class QuantizationObjective:
         stop_on_target: Prune a running trial once another trial has met both targets.
         objective_mode: ``"loss"`` or ``"pareto"`` (:class:`TrialSettings`).
         lock: The lock every worker of the study shares; none needed for a single process.
+        claim_locks: The lock of each configuration (:func:`optuna_quant.storages.lock.claim_locks`);
+            ``lock`` for every configuration if ``None``.
+        heartbeat: This worker's heartbeat, which ends a wait on a dead worker's trial; none
+            needed for a single process.
         guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
 
@@ -133,6 +138,8 @@ class QuantizationObjective:
         stop_on_target: bool = False,
         objective_mode: str = "loss",
         lock: StudyLock | None = None,
+        claim_locks: ClaimLocks | None = None,
+        heartbeat: Heartbeat | None = None,
         pre_process: bool | str = True,
         guided: bool = False,
         latency_data: Any = None,
@@ -160,6 +167,8 @@ class QuantizationObjective:
         )
         self.targets = targets or Targets()
         self.lock: StudyLock = lock or nullcontext
+        self.claim_locks: ClaimLocks = claim_locks or (lambda key: self.lock)
+        self.heartbeat = heartbeat
         self.scaling: LossScaling | None = None
         self.started = time.perf_counter()
 
@@ -239,7 +248,7 @@ class QuantizationObjective:
             error = failures.ForbiddenChoiceError(forbidden)
             records.record_failure(trial, error)
             raise error
-        previous, seen = self._claim(study, trial, params)
+        previous, seen = claim(study, trial, params, self.space, self.claim_locks, self.lock, self.heartbeat)
         if previous is not None:
             records.copy_result(trial, previous)
             _logger.info(
@@ -327,48 +336,6 @@ class QuantizationObjective:
     def _adopt(self, stored: tuple[float, LossScaling]) -> None:
         fp32_accuracy, self.scaling = stored
         self.measurer.adopt_baseline(fp32_accuracy)
-
-    def _claim(
-        self, study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Any]
-    ) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
-        """The trial that measured ``params`` already, or ``None`` once ``trial`` claimed them.
-
-        Configurations are compared as they are built (:meth:`SearchSpace.to_config`): params
-        that differ only in a scope their approach ignores are the same configuration. One that
-        another running trial claimed is waited for, so that no two workers measure it; if that
-        trial's worker dies, the heartbeat fails it and this one measures.
-
-        Returns:
-            That trial or ``None``, and the complete and running trials read to decide: the
-            stop-on-target check and the trial's last log line reuse them.
-        """
-
-        config = self.space.to_config(params)
-
-        def same(other: FrozenTrial) -> bool:
-            try:
-                return self.space.to_config(other.params) == config
-            except ValueError:  # a running trial that has not set all its parameters yet
-                return False
-
-        def look() -> tuple[tuple[FrozenTrial | None, list[FrozenTrial]] | None, str]:
-            measuring = None
-            seen = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-            for other in seen:
-                if other.number == trial.number or not same(other):
-                    continue
-                if other.state == TrialState.COMPLETE and records.measured(other):
-                    return (other, seen), ""
-                if other.state == TrialState.RUNNING and records.is_measuring(other):
-                    measuring = other
-            if measuring is None:
-                records.claim(trial)
-                return (None, seen), ""
-            return None, f"trial {measuring.number}, which measures the same configuration"
-
-        found, held = Waiter().until(self.lock, study, look)
-        held.close()
-        return found
 
     def _log_end(self, seen: list[FrozenTrial], number: int, total: object, current: Result | None = None) -> None:
         # ``seen`` was read before measuring: a trial another worker finished meanwhile is missing,

@@ -1,8 +1,8 @@
 """optuna-dashboard on a study's storage: the live view of a run, with the study's own figures.
 
 :class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
-:mod:`optuna_quant.visualization.figures` in the study after every trial, where optuna-dashboard shows them on
-the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
+:mod:`optuna_quant.visualization.figures` in the study after a trial (every trial of a worker alone,
+at most every 10 s for the study beside other workers), where optuna-dashboard shows them on the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
 ``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
 
 Example:
@@ -22,8 +22,10 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
-from optuna_quant.storages.rdb import open_storage
+from optuna_quant._optuna_private import study_identity
+from optuna_quant.storages.factory import open_storage
 from optuna_quant.visualization.figures import study_figures
 
 
@@ -31,6 +33,12 @@ _logger = logging.getLogger("optuna_quant")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+REFRESH_SECONDS = 10.0
+STORED_AT_KEY = "optuna_quant:figures_stored_at"
+"""Study system attr: when a worker last stored the figures (seconds since the epoch), and the
+seconds that store took."""
+COST_SHARE = 0.05
+"""Beside other workers, the figures take at most this share of one worker's time."""
 
 
 def study_url(
@@ -40,7 +48,7 @@ def study_url(
 
     Raises:
         KeyError: If the storage holds no study of that name.
-        optuna_quant.storages.rdb.StorageError: If ``storage`` is a URL that cannot be opened.
+        optuna_quant.storages.urls.StorageError: If ``storage`` is a URL that cannot be opened.
     """
     study_id = open_storage(storage).get_study_id_from_name(study_name)
     return f"http://{host}:{port}/dashboard/studies/{study_id}"
@@ -89,21 +97,43 @@ def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> l
 
 
 class DashboardFigures:
-    """An ``optimize`` callback: after every trial, the study's figures are stored again for
+    """An ``optimize`` callback: after a trial, the study's figures are stored again for
     optuna-dashboard (those that changed).
 
+    A worker alone stores them after every trial. Beside other running trials, a worker stores
+    them only once ``every`` seconds passed since any worker of the study last did, and at least
+    the last store's time over :data:`COST_SHARE` (both kept in the study, :data:`STORED_AT_KEY`):
+    with tens of workers, rebuilding the figures of a long study after every trial of each would
+    cost more than the trials' own coordination. The last trial to end, with no other running,
+    stores them.
+
+    Args:
+        every: Seconds between two stores of the study's figures, over all its workers.
+
     Attributes:
-        seconds: Time spent storing figures, per call, for a run's cost report.
+        seconds: Time spent storing figures, per store, for a run's cost report.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, every: float = REFRESH_SECONDS) -> None:
+        self.every = every
         self.seconds: list[float] = []
         self._stored: dict[str, str] = {}
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        storage, study_id = study_identity(study)
+        shared = bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if shared:
+            now = time.time()
+            last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
+            # Two workers that read the same time both store: a figure twice, never a lost one.
+            if now - last < max(self.every, took / COST_SHARE):
+                return
+            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, took))
         start = time.perf_counter()
         try:
             save_figures(study, self._stored)
         except Exception as err:  # a chart is never worth a worker: the study goes on without it
             _logger.warning("Could not store the dashboard's figures after trial %d: %r", trial.number, err)
         self.seconds.append(time.perf_counter() - start)
+        if shared:
+            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, self.seconds[-1]))

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-import datetime
 import logging
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
 from optuna.storages import InMemoryStorage
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
 import pytest
 
 
@@ -45,17 +42,9 @@ def relied_on(attribute: str) -> Iterator[None]:
         )
 
 
-def _rdb(tmp_path: Path, heartbeat: bool = False, **kwargs: Any) -> RDBStorage:
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    if not heartbeat:
-        return RDBStorage(url)
-    with pytest.warns(optuna.exceptions.ExperimentalWarning):
-        return RDBStorage(url, heartbeat_interval=60, grace_period=120, **kwargs)
-
-
 @pytest.fixture(params=["in-memory", "sqlite"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> BaseStorage:
-    return InMemoryStorage() if request.param == "in-memory" else _rdb(tmp_path)
+    return InMemoryStorage() if request.param == "in-memory" else RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
 
 
 def test_storage_backend_is_the_storage_behind_the_cache(storage: BaseStorage) -> None:
@@ -63,6 +52,13 @@ def test_storage_backend_is_the_storage_behind_the_cache(storage: BaseStorage) -
     with relied_on("Study._storage and _CachedStorage._backend"):
         assert private.study_storage(study) is storage, "Study._storage or _CachedStorage._backend"
         assert private.storage_backend(storage) is storage
+
+
+def test_a_journal_storage_is_no_cache(tmp_path: Path) -> None:
+    # A journal storage has a ``_backend`` too, its log's: it is no cache to see through.
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "log")))
+    with relied_on("_CachedStorage"):
+        assert private.study_storage(optuna.create_study(storage=journal)) is journal
 
 
 def test_study_identity_is_the_storage_and_the_study_id(storage: BaseStorage) -> None:
@@ -83,15 +79,31 @@ def test_cached_trials_are_read_once_per_ask(storage: BaseStorage) -> None:
         assert private.cached_trials(study) is trials, "Study._get_trials no longer caches with use_cache=True"
         study.ask()  # a new ask reads again
         assert len(private.cached_trials(study)) == 3, "Study.ask no longer clears the trials' cache"
+    study.enqueue_trial({"x": 1})
+    assert len(private.cached_trials(study)) == 3
+    with relied_on("Study._thread_local.cached_all_trials"):
+        private.clear_trials_cache(study)
+        assert len(private.cached_trials(study)) == 4, "Study._thread_local.cached_all_trials"
 
 
 def test_a_system_attr_of_a_running_trial_is_written(storage: BaseStorage) -> None:
     study = optuna.create_study(storage=storage)
-    study.ask()
+    asked = study.ask()
     (running,) = study.get_trials(deepcopy=False)
     with relied_on("Study._storage and FrozenTrial._trial_id"):
         private.set_trial_system_attr(study, running, "optuna_quant:test", [1, 2])
+    with relied_on("Study._storage and Trial._trial_id"):
+        private.set_trial_system_attr(study, asked, "optuna_quant:beat", 3)
     assert study.get_trials()[0].system_attrs["optuna_quant:test"] == [1, 2]
+    assert study.get_trials()[0].system_attrs["optuna_quant:beat"] == 3
+
+
+def test_a_trial_id_is_what_the_storage_takes(storage: BaseStorage) -> None:
+    study = optuna.create_study(storage=storage)
+    study.ask()
+    (running,) = study.get_trials(deepcopy=False)
+    with relied_on("FrozenTrial._trial_id"):
+        assert storage.get_trial(private.trial_id(running)).number == running.number
 
 
 def test_fixed_params_are_enqueue_trials(storage: BaseStorage) -> None:
@@ -104,40 +116,18 @@ def test_fixed_params_are_enqueue_trials(storage: BaseStorage) -> None:
         assert private.fixed_params(added) is None
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_the_first_heartbeat_spares_a_trial_that_never_beat_from_failing(tmp_path: Path) -> None:
-    failed = []
-    storage = _rdb(tmp_path, heartbeat=True, heartbeat_stale_trial_callback=lambda s, t: failed.append(t.number))
-    study = optuna.create_study(storage=storage)
-    beaten, silent = study.ask(), study.ask()
-    with relied_on("Trial._trial_id"):
-        private.record_first_heartbeat(storage, beaten)
-    later = datetime.datetime.now() + datetime.timedelta(seconds=1)
-    with relied_on("the RDB storage's TrialModel, its heartbeats, and _create_scoped_session"):
-        private.fail_never_beaten(study, started_before=later)
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    assert states == [TrialState.RUNNING, TrialState.FAIL], "a trial's first heartbeat, or TrialModel.heartbeats"
-    assert failed == [silent.number], "the storage's stale-trial callback"
-
-
-def test_without_heartbeat_nothing_is_failed(storage: BaseStorage) -> None:
+def test_a_completed_trial_is_logged_as_optimize_logs_it(storage: BaseStorage, caplog: pytest.LogCaptureFixture) -> None:
     study = optuna.create_study(storage=storage)
     trial = study.ask()
-    private.record_first_heartbeat(storage, trial)
-    private.fail_never_beaten(study, started_before=datetime.datetime.now() + datetime.timedelta(seconds=1))
-    assert study.get_trials()[0].state == TrialState.RUNNING
-
-
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_an_orphan_heartbeat_thread_is_found_and_stopped(tmp_path: Path) -> None:
-    storage = _rdb(tmp_path, heartbeat=True)
-    study = optuna.create_study(storage=storage)
-    trial = study.ask()
-    thread = optuna.storages._heartbeat.get_heartbeat_thread(trial._trial_id, storage)
-    thread.start()
-    with relied_on("HeartbeatThread._record_heartbeat and the stop event among its thread's _args"):
-        assert private.stop_orphan_heartbeats() == 1, "HeartbeatThread._record_heartbeat as the thread's target"
-    assert private.stop_orphan_heartbeats() == 0, "the stop event among the heartbeat thread's _args"
+    trial.suggest_int("x", 0, 3)
+    frozen = study.tell(trial, 1.5)
+    optuna.logging.enable_propagation()
+    try:
+        with caplog.at_level("INFO", logger="optuna"), relied_on("Study._log_completed_trial"):
+            private.log_completed_trial(study, frozen)
+    finally:
+        optuna.logging.disable_propagation()
+    assert f"Trial {frozen.number} finished with value: 1.5" in caplog.text
 
 
 def test_the_lines_per_trial_come_from_their_loggers_and_are_summed_up(caplog) -> None:

@@ -92,7 +92,8 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch)
     assert sqlite_file(config.storage) == folder / "runs.db"
     assert config.artifact_dir(optuna.storages.InMemoryStorage()) == folder / "models"
     assert load_config(_write(folder, {})).storage == f"sqlite:///{folder}/optuna_quant.db"
-    for url in ("postgresql://user@db/optuna", "sqlite:///:memory:", "sqlite:////abs/runs.db", "no-scheme"):
+    assert load_config(_write(folder, {"storage": "journal:../study.log"})).storage == f"journal:{tmp_path}/study.log"
+    for url in ("postgresql://user@db/optuna", "sqlite:///:memory:", "sqlite:////abs/runs.db", "journal:/abs/s.log", "no-scheme"):
         assert load_config(_write(folder, {"storage": url})).storage == url
     # The file SQLAlchemy opens, in a folder whose name a URL must escape, options kept.
     odd = tmp_path / "50% #1"

@@ -784,6 +784,21 @@ def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> 
                 assert path.exists() or path in _written_before(item), f"{value}: no such file"
 
 
+# ---- docs/workers.md: workers on each storage (tests/docs/test_docs_workers.py runs them) --------
+
+WORKERS_MD = "docs/workers.md"
+WORKER_COMMANDS = {
+    "postgresql": ".venv/bin/optuna-quant tune examples/workers/postgresql.yaml",
+    "mariadb": ".venv/bin/optuna-quant tune examples/workers/mariadb.yaml",
+    "journal": ".venv/bin/optuna-quant tune examples/workers/journal.yaml",
+    "grpc": ".venv/bin/optuna-quant tune examples/workers/grpc.yaml",
+}
+GRPC_PROXY = (
+    '.venv/bin/python -c "import optuna; optuna.storages.run_grpc_proxy_server(optuna.storages.get_storage('
+    "'postgresql://quant@127.0.0.1:5432/optuna_quant'), host='127.0.0.1', port=13000)\""
+)
+
+
 # ---- every command and block is claimed ----------------------------------------------------------
 
 CLAIMS: dict[str, str] = {
@@ -808,6 +823,10 @@ CLAIMS: dict[str, str] = {
     MAKE_BENCH: "test_make_bench_runs_the_two_commands_benchmarks_md_shows_beside_it",
     SHIPPED_PINS: "test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions",
     QAT_RECIPE: "test_benchmark_commands_parse_and_their_inputs_exist",
+    **{
+        command: "tests/docs/test_docs_workers.py::test_workers_start_on_each_storage_as_workers_md_shows"
+        for command in (*WORKER_COMMANDS.values(), GRPC_PROXY)
+    },
 }
 """Each command or block shown, by its exact text, and the test that runs or parses it."""
 CLAIMED_ELSEWHERE = {

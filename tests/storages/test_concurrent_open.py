@@ -17,7 +17,7 @@ WORKERS, FILES = 8, 12
 OPEN = """
 import sys, time
 from pathlib import Path
-from optuna_quant.storages.rdb import open_storage
+from optuna_quant.storages.factory import open_storage
 folder = Path(sys.argv[1])
 while not (folder / "start").exists():
     time.sleep(0.001)

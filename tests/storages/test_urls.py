@@ -1,4 +1,5 @@
-"""Storage URLs: a password masked in every form, and the SQLite file behind a URL or a storage."""
+"""Storage URLs: a password masked in every form, the SQLite file behind a URL or a storage, and the
+URLs of a journal file and of a gRPC proxy."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import optuna
 import pytest
 
 import optuna_quant as oq
+from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.heartbeat import Heartbeat
 from optuna_quant.storages.lock import study_lock
-from optuna_quant.storages.rdb import open_storage
-from optuna_quant.storages.rdb import StorageError
+from optuna_quant.storages.urls import grpc_address
+from optuna_quant.storages.urls import journal_file
 from optuna_quant.storages.urls import masked_url
 from optuna_quant.storages.urls import sqlite_file
+from optuna_quant.storages.urls import StorageError
 
 
 @pytest.mark.parametrize(
@@ -42,5 +46,15 @@ def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:
         assert sqlite_file(url) is None
     assert sqlite_file(open_storage(f"sqlite:///{tmp_path}/s.db")) == tmp_path / "s.db"
     assert sqlite_file(optuna.storages.InMemoryStorage()) is None
-    with study_lock(open_storage(f"sqlite:///{tmp_path}/s.db"), "s")():
+    with study_lock(open_storage(f"sqlite:///{tmp_path}/s.db"), "s", Heartbeat())():
         assert (tmp_path / "s.db.lock").is_file()
+
+
+def test_journal_and_grpc_urls() -> None:
+    assert journal_file("journal:runs/s.log") == Path("runs/s.log")
+    assert journal_file("journal:/shared/s.log") == Path("/shared/s.log")
+    assert journal_file("sqlite:///s.db") is None and grpc_address("journal:s.log") is None
+    assert grpc_address("grpc://127.0.0.1:13000/") == ("127.0.0.1", 13000)
+    for url in ("grpc://proxy", "grpc://proxy:port"):
+        with pytest.raises(StorageError, match="grpc://HOST:PORT"):
+            grpc_address(url)

@@ -1,4 +1,5 @@
-"""The worker's decision (:func:`optuna_quant.study.worker.decide`) rule by rule, and its budget count."""
+"""The worker's decision (:func:`optuna_quant.study.worker.decide`) rule by rule, its budget count,
+and the trial it then takes under the study lock."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.study.worker import counted_trials
 from optuna_quant.study.worker import decide
 from optuna_quant.study.worker import Step
+from optuna_quant.study.worker import Worker
+from optuna_quant.trial import records
 from optuna_quant.trial.records import REFERENCE_KEY
 
 
@@ -109,3 +112,49 @@ def test_budget_counts_running_and_queued_trials_and_a_retried_trial_once() -> N
     study.ask()
     study.enqueue_trial({})
     assert counted_trials(study.trials) == 4  # running and queued trials count
+
+
+def _worker(study, n_trials: int) -> Worker:
+    return Worker(study.study, study.storage, study.objective, study.lock, study.heartbeat, n_trials)
+
+
+def test_a_trial_is_made_only_while_the_budget_keeps_room_with_the_trials_made_since_the_read(make_study) -> None:
+    study = make_study()
+    worker = _worker(study, n_trials=3)
+    worker.reference_stored = True
+    read = study.study.get_trials()  # nothing yet; then two other workers make a trial each
+    study.study.ask(), study.study.ask()
+    made = worker._take_trial(Step.RUN, read)  # room for 3, 2 made since: one more
+    assert made is not None and len(study.study.trials) == 3
+    assert worker._take_trial(Step.RUN, read) is None  # 3 made since: read again
+    assert len(study.study.trials) == 3
+
+
+def test_a_queued_trial_popped_since_the_read_is_not_run_twice(make_study) -> None:
+    study = make_study()
+    study.study.enqueue_trial({})
+    read = study.study.get_trials()
+    popped = _worker(study, n_trials=1)._take_trial(Step.RUN, read)
+    assert popped is not None and study.study.trials[0].state == TrialState.RUNNING
+    # A second worker decided on the same read: nothing queued is left, and no room.
+    assert _worker(study, n_trials=1)._take_trial(Step.RUN, read) is None
+    assert len(study.study.trials) == 1
+
+
+def test_before_the_scaling_a_queued_reference_popped_since_the_read_makes_no_new_trial(make_study) -> None:
+    # A new trial would have measured the reference a second time (MariaDB's fault-injection runs).
+    study = make_study()
+    records.enqueue_reference(study.study, study.objective.space.default_params())
+    read = study.study.get_trials()
+    assert _worker(study, n_trials=4)._take_trial(Step.RUN, read) is not None
+    assert _worker(study, n_trials=4)._take_trial(Step.RUN, read) is None
+    assert len(study.study.trials) == 1
+
+
+def test_the_reference_is_queued_only_if_no_trial_was_made_since_the_read(make_study) -> None:
+    study = make_study()
+    read = study.study.get_trials()
+    first = _worker(study, n_trials=4)._take_trial(Step.QUEUE_REFERENCE, read)
+    assert first is not None and study.study.trials[0].user_attrs[REFERENCE_KEY]
+    assert _worker(study, n_trials=4)._take_trial(Step.QUEUE_REFERENCE, read) is None  # no second one
+    assert len(study.study.trials) == 1

@@ -29,8 +29,8 @@ import pytest
 
 from examples import demo
 from optuna_quant.measure.loss import Targets
-from optuna_quant.storages.rdb import open_storage
-from optuna_quant.storages.rdb import StorageError
+from optuna_quant.storages.factory import open_storage
+from optuna_quant.storages.urls import StorageError
 from optuna_quant.testing.postgres import free_port
 from optuna_quant.trial.records import SENSITIVITY_KEY
 from optuna_quant.trial.records import TARGETS_KEY
@@ -171,6 +171,21 @@ def test_figures_are_refreshed_after_every_trial(make_study) -> None:
     # The reference is the first trial; then one more point a trial.
     assert counts == [1, 2, 3, 4]
     assert len(figures.seconds) == 4
+
+
+def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
+    study = make_study(accuracy_loss=50.0, study_name="busy")
+    study.optimize(n_trials=2)
+    others = [study.study.ask(), study.study.ask()]  # trials of two other workers, running
+    figures, other_worker = DashboardFigures(every=60.0), DashboardFigures(every=60.0)
+    figures(study.study, study.trials[0])
+    figures(study.study, study.trials[1])
+    other_worker(study.study, study.trials[1])
+    assert (len(figures.seconds), len(other_worker.seconds)) == (1, 0)  # 60 s for the study, not per worker
+    for other in others:
+        study.study.tell(other, 1.0)
+    other_worker(study.study, study.trials[1])  # the last one: nobody else is running
+    assert len(other_worker.seconds) == 1
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make system-deps installs it)")
