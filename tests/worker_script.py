@@ -7,7 +7,8 @@ For fault injection, ``--die-at STAGE`` makes the process SIGKILL itself, as a c
 out-of-memory kill would, in the middle of a stage of a trial: ``calibration`` (onnxruntime's
 range collection), ``reference`` (evaluating the reference), ``eval:N`` and ``latency:N`` (the
 N-th evaluation or latency measurement of this process), ``ask:N`` (the N-th trial Optuna asks
-for, once it exists in the storage and before its objective runs).
+for, once it exists in the storage and before its objective runs). ``--stall-at STAGE --stalled
+FILE`` instead creates ``FILE`` there and sleeps, so that a Ctrl-C surely finds a trial running.
 
 Example:
     $ python tests/worker_script.py postgresql://... --study s --n-trials 12 --eval-sleep 0.3
@@ -17,8 +18,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import faulthandler
 import os
+from pathlib import Path
 import signal
 import sys
 import time
@@ -46,8 +49,18 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def inject(stage: str) -> None:
-    """SIGKILL this process in the middle of ``stage`` (see the module docstring)."""
+def stall(flag: str) -> Callable[[], None]:
+    """What stalls this process: it creates the file ``flag``, then sleeps until a signal ends it."""
+
+    def stalled() -> None:
+        Path(flag).touch()
+        time.sleep(3600)
+
+    return stalled
+
+
+def inject(stage: str, action: Callable[[], None] = die) -> None:
+    """Run ``action`` (by default, SIGKILL this process) in the middle of ``stage`` (see the module docstring)."""
     name, _, count = stage.partition(":")
     remaining = [int(count or 1)]
     in_reference = [False]
@@ -55,7 +68,7 @@ def inject(stage: str) -> None:
     def countdown() -> None:
         remaining[0] -= 1
         if remaining[0] == 0:
-            die()
+            action()
 
     def wrap(owner: object, attr: str, before: object) -> None:
         original = getattr(owner, attr)
@@ -68,7 +81,7 @@ def inject(stage: str) -> None:
 
     if name == "calibration":
         for calibrater in (calibrate.MinMaxCalibrater, calibrate.HistogramCalibrater):
-            wrap(calibrater, "collect_data", die)
+            wrap(calibrater, "collect_data", action)
     elif name == "reference":
         original = optuna_quant.trial.objective.measure_reference
 
@@ -77,7 +90,7 @@ def inject(stage: str) -> None:
             return original(*args, **kwargs)
 
         optuna_quant.trial.objective.measure_reference = measure_reference  # the name the objective calls
-        wrap(optuna_quant.measure.measurer.Measurer, "_evaluate", lambda: in_reference[0] and die())
+        wrap(optuna_quant.measure.measurer.Measurer, "_evaluate", lambda: in_reference[0] and action())
     elif name == "eval":
         wrap(optuna_quant.measure.measurer.Measurer, "_evaluate", countdown)
     elif name == "latency":
@@ -85,7 +98,7 @@ def inject(stage: str) -> None:
     elif name == "ask":
         wrap(oq.TPESampler, "before_trial", countdown)  # Optuna calls it once the trial is created
     else:
-        raise SystemExit(f"unknown --die-at stage {stage!r}")
+        raise SystemExit(f"unknown stage {stage!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,17 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     # Entropy calibration takes seconds even on this model: leave the range estimator fixed.
     parser.add_argument("--scopes", default="layer,granularity,mode")
     parser.add_argument("--die-at", default=None, help="SIGKILL this process in that stage of a trial")
+    parser.add_argument("--stall-at", default=None, help="create --stalled's file and sleep in that stage")
+    parser.add_argument("--stalled", default=None, help="the file --stall-at creates")
     # Off unless asked: the kill points count stages, and the sensitivity measurement after the
     # reference times and evaluates models too.
     parser.add_argument("--sensitivity", action="store_true", help="measure the study's sensitivity (guidance)")
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
+    if args.stall_at and not args.stalled:
+        parser.error("--stall-at needs --stalled")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C as in a terminal: a runner started in the background of a non-interactive shell
     # ignores SIGINT, its children inherit that, and Python then never raises KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.die_at:
         inject(args.die_at)
+    if args.stall_at:
+        inject(args.stall_at, stall(args.stalled))
     interval, grace = (int(v) for v in args.heartbeat.split(","))
 
     model = build_cnn()

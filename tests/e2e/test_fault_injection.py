@@ -189,14 +189,15 @@ def _assert_recovered(crew: Crew) -> None:
     assert all(s <= bound for s, _ in waits), (bound, sorted(waits)[-3:])
 
 
-def _interrupt_then_warm_start(crew: Crew) -> None:
-    for seed in range(3):
+def _interrupt_then_warm_start(crew: Crew, stalled: Path) -> None:
+    # One worker stalls in an evaluation of a trial, so that Ctrl-C finds at least one trial
+    # running however the others' trials and storage calls fall; the reference comes first.
+    crew.start("--seed", "0", "--stall-at", "eval:6", "--stalled", str(stalled))
+    for seed in (1, 2):
         crew.start("--seed", str(seed))
     deadline = time.monotonic() + TIMEOUT
-    while sum(t.state == TrialState.COMPLETE for t in crew.trials()) < 4 or not any(
-        t.state == TrialState.RUNNING and not is_reference(t) for t in crew.trials()
-    ):
-        assert time.monotonic() < deadline
+    while sum(t.state == TrialState.COMPLETE for t in crew.trials()) < 4 or not stalled.exists():
+        assert time.monotonic() < deadline, f"no worker stalled: {crew.stacks()}"
         time.sleep(0.1)
     # Only the workers still running: on a loaded machine one may have finished its last trial
     # while this loop read the study.
@@ -234,11 +235,11 @@ def test_workers_killed_at_random_points_lose_nothing(url: str) -> None:
     _assert_recovered(crew)
 
 
-def test_ctrl_c_in_every_worker_then_warm_start(url: str) -> None:
+def test_ctrl_c_in_every_worker_then_warm_start(url: str, tmp_path: Path) -> None:
     # Twice the budget, so that every worker still has trials to run when Ctrl-C comes, however
     # slowly a loaded machine lets this test read the study.
     crew = Crew(url, "interrupted", n_trials=2 * N_TRIALS)
-    _interrupt_then_warm_start(crew)
+    _interrupt_then_warm_start(crew, tmp_path / "stalled")
     _assert_recovered(crew)
 
 
