@@ -29,6 +29,9 @@ LAYER_SCORE_RANGE = (0.05, 0.95)
 MATERIAL_BENEFIT = 0.05
 """What a revert must buy (accuracy in targets, or speed as a share of the speed-up) to matter:
 one that buys half this has a third of the odds its gain and cost alone would give."""
+REVERT_RESOLUTION = 0.03
+"""The share of the speed-up within which one revert's end-to-end timing cannot tell a cost from a
+saving on a loaded machine: a small layer's revert measures as free either way."""
 INTERACTION_SHARE = 0.5
 """A pair interacts when more than this share of what its joint revert recovers is recovered by
 neither single revert, and that is worth at least :data:`MATERIAL_BENEFIT` of the accuracy target."""
@@ -125,13 +128,15 @@ def interacting_pairs(
     return sorted(found, key=lambda p: -p.interaction(sens))
 
 
-def layer_scores(gain: float, cost: float) -> dict[str, float]:
+def layer_scores(gain: float, cost: float, may_save: float = 0.0) -> dict[str, float]:
     """Scores of ``fp32`` and ``int8`` for a layer whose revert to fp32 buys ``gain`` and costs ``cost``.
 
     ``gain``: the accuracy loss it saves, in accuracy targets; ``cost``: the share of the
-    speed-up it loses (negative when the revert is faster). The odds of fp32 are
+    speed-up it loses (negative when the revert is faster); ``may_save``: speed it may buy that
+    its timing could not resolve (:func:`unresolved_saving`). The odds of fp32 are
     ``exp(4 (gain - cost))``, discounted by ``benefit / (benefit + MATERIAL_BENEFIT)`` where
-    ``benefit`` is what the revert buys (``gain``, plus the speed when it is faster); fp32 scores
+    ``benefit`` is what the revert buys (``gain``, plus the speed when it is faster, plus
+    ``may_save``); fp32 scores
     those odds as a probability within :data:`LAYER_SCORE_RANGE`, int8 the rest. Reverting is
     likely good when it buys more accuracy than it costs speed, and unlikely when it buys nothing:
     on a model of many layers, each of which costs little speed, the layers that do not matter
@@ -142,11 +147,32 @@ def layer_scores(gain: float, cost: float) -> dict[str, float]:
         {'fp32': 0.7119, 'int8': 0.2881}
         >>> layer_scores(0.0, 0.02)   # buys nothing: int8
         {'fp32': 0.05, 'int8': 0.95}
+        >>> layer_scores(0.0, 0.005, may_save=0.025)   # timed as free, and its int8 kernel is slower
+        {'fp32': 0.2463, 'int8': 0.7537}
     """
-    benefit = max(gain, 0.0) + max(-cost, 0.0)
+    benefit = max(gain, 0.0) + max(-cost, 0.0) + may_save
     odds = np.exp(4.0 * (gain - cost)) * benefit / (benefit + MATERIAL_BENEFIT)
     fp32 = float(np.clip(odds / (1.0 + odds), *LAYER_SCORE_RANGE))
     return {"fp32": round(fp32, 4), "int8": round(1.0 - fp32, 4)}
+
+
+def unresolved_saving(s: LayerSensitivity) -> float:
+    """Speed a layer's revert may buy that its timing could not resolve: where its int8 kernel
+    profiles slower than its fp32 one and the revert timed within :data:`REVERT_RESOLUTION` of
+    free, what is left of that resolution; else nothing.
+
+    Without it a small layer whose int8 is slower scores int8 as surely as one that buys nothing
+    (silero_vad's output convolution: docs/benchmarks.md, "A prior that cannot hurt much").
+
+    Example:
+        >>> round(unresolved_saving(LayerSensitivity(0.0, 0.0, fp32_ms=0.02, int8_ms=0.04, revert_cost=0.005)), 4)
+        0.025
+        >>> unresolved_saving(LayerSensitivity(0.0, 0.0, fp32_ms=0.04, int8_ms=0.02, revert_cost=0.005))  # int8 faster
+        0.0
+    """
+    if s.revert_cost is not None and s.time_saved_ms < 0 and abs(s.revert_cost) < REVERT_RESOLUTION:
+        return REVERT_RESOLUTION - max(s.revert_cost, 0.0)
+    return 0.0
 
 
 def scope_scores(
@@ -233,7 +259,7 @@ def choice_scores(
       error is: reverting a layer buys its ``error_recovered`` times :func:`targets_per_error`
       (``acc_loss * error_recovered / sum(error_alone)`` in units of ``accuracy_target``;
       nothing when that loss, or the error it recovers, is negative); it costs its measured
-      :attr:`~LayerSensitivity.revert_cost`. A layer of an interacting pair
+      :attr:`~LayerSensitivity.revert_cost`, and may save what :func:`unresolved_saving` says. A layer of an interacting pair
       (:func:`interacting_pairs`) scores fp32 at least as the pair's joint revert does: what
       the two recover together, against what the two reverts cost.
 
@@ -270,7 +296,7 @@ def choice_scores(
         return worth * max(recovered, 0.0)  # a revert that adds output error (noise) buys nothing
 
     for node, s in sens.items():
-        scores[LAYER_PREFIX + node] = layer_scores(gain(s.error_recovered), s.revert_cost)  # type: ignore[arg-type]
+        scores[LAYER_PREFIX + node] = layer_scores(gain(s.error_recovered), s.revert_cost, unresolved_saving(s))  # type: ignore[arg-type]
     for pair in interacting_pairs(sens, pairs, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors):
         joint = layer_scores(gain(pair.error_recovered), sum(sens[node].revert_cost for node in pair.layers))  # type: ignore[misc]
         for node in pair.layers:

@@ -360,7 +360,7 @@ def test_committed_model_tables_carry_the_sensitivity_of_every_layer(name: str) 
     assert set(sensitivity_prior(table)) == set(table.params)
 
 
-@pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])
+@pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn", "mobilenet8", "silero_vad", "mtcnn_rnet", "mtcnn_onet"])
 def test_committed_model_tables_carry_the_error_of_every_scope_combination(name: str) -> None:
     table = Table.load(TABLES_DIR / f"{name}.json")
     scopes = {p: c for p, c in table.params.items() if not p.startswith("layer:")}
@@ -393,7 +393,7 @@ def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -
     rows = [{"params": c, "accuracy": 1.0, "acc_loss": 0.0, "lat_diff": 1.0} for c in configurations(params)]
     table = Table.from_rows(name="cnn", description="rows unused", params=params, rows=rows,
                             targets={"accuracy_loss": 1.0, "latency_reduce": 1.5}, fp32={"accuracy": 1.0, "latency_ms": 1.0})
-    measured = with_sensitivity(table, Setup(objective, calibration, {}, 1.0))
+    measured = with_sensitivity(table, Setup(objective, calibration, "a tiny CNN"))
     errors = measured.scope_errors
     assert len(errors) == 2 * 2 * 2 and len({round(e["error"], 12) for e in errors}) == 8  # each changes the model
     assert measured.base_sensitivity["params"] == min(errors, key=lambda e: e["error"])["params"]

@@ -200,7 +200,7 @@ def test_weight_types_are_measured_one_at_a_time_at_the_lowest_error(cnn) -> Non
 
 def test_choice_scores_follow_gain_and_cost() -> None:
     # a recovers most of the error at no cost; b recovers nothing and costs 40 % of the speed-up.
-    sens = {"a": LayerSensitivity(0.2, 0.15, 0.1, 0.2, 0.0), "b": LayerSensitivity(0.01, 0.0, 1.0, 0.2, 0.4)}
+    sens = {"a": LayerSensitivity(0.2, 0.15, 0.2, 0.1, 0.0), "b": LayerSensitivity(0.01, 0.0, 1.0, 0.2, 0.4)}
     scores = choice_scores(sens, acc_loss=0.02, accuracy_target=0.01)
     assert scores["layer:a"]["fp32"] > 0.9 > 0.2 > scores["layer:b"]["fp32"]
     # A loss ten times lower (the lowest-error combination's) leaves a's revert less to buy.
@@ -211,6 +211,10 @@ def test_choice_scores_follow_gain_and_cost() -> None:
     # int8 loses nothing at the reference: neither a revert nor a lower-error choice buys anything.
     spare = choice_scores(sens, acc_loss=-0.03, accuracy_target=0.01, scope_errors=errors)
     assert spare["g"] == {"x": 0.9, "y": 0.9} and spare["layer:a"]["fp32"] == spare["layer:b"]["fp32"] == 0.05
+    # ... unless the revert may buy speed: timed as free, and its int8 kernel profiles slower than fp32's.
+    slower = {"c": LayerSensitivity(0.01, 0.0, 0.1, 0.2, 0.01), "d": LayerSensitivity(0.01, 0.0, 0.1, 0.2, 0.1)}
+    free = choice_scores(slower, acc_loss=-0.03, accuracy_target=0.01)
+    assert free["layer:c"]["fp32"] > 0.15 and free["layer:d"]["fp32"] == 0.05  # d's revert costs 10 %: resolved
     with pytest.raises(ValueError, match=r"Layers \['a'\] have no revert_cost"):
         choice_scores({"a": LayerSensitivity(0.2, 0.15, 0.1, 0.2)}, acc_loss=0.02, accuracy_target=0.01)
     with pytest.raises(ValueError, match="accuracy_target must be a positive fraction, got 0"):
