@@ -159,7 +159,8 @@ def layer_scores(gain: float, cost: float, may_save: float = 0.0) -> dict[str, f
 def unresolved_saving(s: LayerSensitivity) -> float:
     """Speed a layer's revert may buy that its timing could not resolve: where its int8 kernel
     profiles slower than its fp32 one and the revert timed within :data:`REVERT_RESOLUTION` of
-    free, what is left of that resolution; else nothing.
+    free, what is left of that resolution beyond the timed cost or saving (a timed saving is
+    counted by :func:`layer_scores` already); else nothing.
 
     Without it a small layer whose int8 is slower scores int8 as surely as one that buys nothing
     (silero_vad's output convolution: docs/benchmarks.md, "A prior that cannot hurt much").
@@ -171,7 +172,7 @@ def unresolved_saving(s: LayerSensitivity) -> float:
         0.0
     """
     if s.revert_cost is not None and s.time_saved_ms < 0 and abs(s.revert_cost) < REVERT_RESOLUTION:
-        return REVERT_RESOLUTION - max(s.revert_cost, 0.0)
+        return REVERT_RESOLUTION - abs(s.revert_cost)
     return 0.0
 
 

@@ -215,6 +215,10 @@ def test_choice_scores_follow_gain_and_cost() -> None:
     slower = {"c": LayerSensitivity(0.01, 0.0, 0.1, 0.2, 0.01), "d": LayerSensitivity(0.01, 0.0, 0.1, 0.2, 0.1)}
     free = choice_scores(slower, acc_loss=-0.03, accuracy_target=0.01)
     assert free["layer:c"]["fp32"] > 0.15 and free["layer:d"]["fp32"] == 0.05  # d's revert costs 10 %: resolved
+    # A timed saving within the resolution is counted once: it buys the resolution, as one just beyond it.
+    within, beyond = LayerSensitivity(0.01, 0.0, 0.1, 0.2, -0.029), LayerSensitivity(0.01, 0.0, 0.1, 0.2, -0.031)
+    scored = choice_scores({"e": within, "f": beyond}, acc_loss=-0.03, accuracy_target=0.01)
+    assert abs(scored["layer:e"]["fp32"] - scored["layer:f"]["fp32"]) < 0.01
     with pytest.raises(ValueError, match=r"Layers \['a'\] have no revert_cost"):
         choice_scores({"a": LayerSensitivity(0.2, 0.15, 0.1, 0.2)}, acc_loss=0.02, accuracy_target=0.01)
     with pytest.raises(ValueError, match="accuracy_target must be a positive fraction, got 0"):
