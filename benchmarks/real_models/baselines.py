@@ -40,14 +40,13 @@ from onnxruntime.quantization import quantize_static
 from benchmarks.real_models.base import Feed
 from benchmarks.real_models.base import session
 from benchmarks.real_models.base import Workload
+from optuna_quant.measure.int8_causes import INT8_KERNELS
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import measure_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
 
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-# Integer kernels that dynamic quantization and the QOperator format put in a layer's place.
-INTEGER_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearConv", "QLinearMatMul", "QGemm", "QAttention")
 
 
 class _Reader(CalibrationDataReader):
@@ -200,5 +199,5 @@ def layer_counts(model: onnx.ModelProto) -> dict[str, int]:
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     compute = [node for node in model.graph.node if node.op_type in COMPUTE_OPS]
     qdq = sum(node.input[0] in dequantized for node in compute)
-    integer = sum(node.op_type in INTEGER_OPS for node in model.graph.node)
+    integer = sum(node.op_type in INT8_KERNELS for node in model.graph.node)
     return {"int8_layers": qdq + integer, "fp32_layers": len(compute) - qdq}

@@ -28,8 +28,8 @@ _DATA_OPS = frozenset({"Constant", "Shape", "Identity", "Cast", "Slice", "Expand
 # Fused attention, as onnxruntime's transformer optimizer writes it.
 _ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "QAttention"})
 # What onnxruntime runs in int8, and its conversions between fp32 and int8, in the graph it runs.
-_INT8_KERNELS = frozenset({"QLinearMatMul", "QLinearConv", "QGemm", "MatMulInteger", "MatMulIntegerToFloat",
-                           "DynamicQuantizeMatMul", "ConvInteger", "QAttention", "DynamicQuantizeLSTM"})
+INT8_KERNELS = frozenset({"QLinearMatMul", "QLinearConv", "QGemm", "MatMulInteger", "MatMulIntegerToFloat",
+                          "DynamicQuantizeMatMul", "ConvInteger", "QAttention", "DynamicQuantizeLSTM"})
 _CONVERSIONS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 NOT_THE_CAUSE = "(not the cause here)"
 """The start of a cause of :func:`slow_int8_causes` that this model and CPU do not have."""
@@ -142,7 +142,7 @@ def _transformer_causes(
     """The causes that a transformer adds: what stays fp32 between the int8 MatMuls, attention and
     its mask path, the cost of the approach's conversions, and fusion."""
     int8_ops = Counter(node.op_type for node in int8_model.graph.node)
-    not_fp32 = _DATA_OPS | _INT8_KERNELS | _CONVERSIONS | {*QUANTIZABLE_OP_TYPES, "FusedMatMul"}
+    not_fp32 = _DATA_OPS | INT8_KERNELS | _CONVERSIONS | {*QUANTIZABLE_OP_TYPES, "FusedMatMul"}
     fp32_ops = Counter(node.op_type for node in model.graph.node if node.op_type not in not_fp32)
     measured_fp32 = [op for op in op_ms if op not in not_fp32]
     found.append(
