@@ -65,6 +65,7 @@ from optuna_quant.quantization.config import QuantConfig  # noqa: E402
 from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
 from optuna_quant.trial.guidance import all_int8  # noqa: E402
 from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
+from optuna_quant.trial.scoring import base_combination  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 from optuna_quant.trial.space import SCOPES  # noqa: E402
 
@@ -302,33 +303,46 @@ def table_config(objective: QuantizationObjective, params: Mapping[str, Any]) ->
 def with_sensitivity(table: Table, measured: Setup) -> Table:
     """``table`` with the sensitivity of its model (``optuna_quant.measure.sensitivity``), as a study measures it.
 
-    The all-int8 output error of every combination of the table's other parameters
-    (``scope_errors``), and the layers' sensitivity and the ambiguous adjacent pairs' joint
-    reverts (:func:`optuna_quant.measure.interactions.measure_pairs`) at the combination with
-    the lowest error (``base_sensitivity``), on the objective's quantizer, the first
-    :data:`SENSITIVITY_SAMPLES` calibration feeds, one thread and batch 1 as the table's latency.
+    The all-int8 output error and kernels' speed-up of every combination of the table's other
+    parameters (``scope_errors``), and the layers' sensitivity and the ambiguous adjacent pairs'
+    joint reverts (:func:`optuna_quant.measure.interactions.measure_pairs`) at the base
+    combination for the table's targets (``base_sensitivity``;
+    :func:`optuna_quant.trial.scoring.base_combination`), on the objective's quantizer, the first
+    :data:`SENSITIVITY_SAMPLES` calibration feeds, timed on the objective's latency feed with one
+    thread, as the table's rows are (a study times on its own; the calibration feed's size can
+    change what a layer's int8 saves: ``measure_sensitivity``).
     """
     objective = measured.objective
-    feeds = to_feeds(measured.calibration, objective.measurer.model)
+    model, quantizer = objective.measurer.model, objective.measurer.quantizer
+    feeds = to_feeds(measured.calibration, model)
     choices = {name: choices for name, choices in table.params.items() if not name.startswith(LAYER_PREFIX)}
     # A table with the fused ``mode`` was measured before the space split it (table_config).
     to_config = (lambda p: table_config(objective, p)) if "mode" in choices else (lambda p: all_int8(objective.space, p))
     # configurations() orders names alike for every combination; its first is the reference.
     errors = sensitivity.measure_scope_errors(
-        objective.measurer.model,
-        objective.measurer.quantizer,
+        model,
+        quantizer,
         feeds,
         configurations(choices),
         to_config,
         n_samples=SENSITIVITY_SAMPLES,
         settings=BENCHMARK,
     )
-    base = sensitivity.lowest_error(errors)["params"]
+    latency_feed = objective.measurer.latency_feed
+    errors = sensitivity.measure_kernel_speed(model, quantizer, errors, to_config, BENCHMARK, latency_feed)
+    reference_loss = table.lookup(table.reference)["acc_loss"]
+    base = base_combination(errors, acc_loss=reference_loss, accuracy_target=table.target.acc_th)["params"]
     nodes = {node: (node,) for node in objective.space.nodes}
     common = dict(base_config=to_config(base), n_samples=SENSITIVITY_SAMPLES, settings=BENCHMARK)
-    model, quantizer = objective.measurer.model, objective.measurer.quantizer
     sens = sensitivity.measure_sensitivity(
-        model, quantizer, feeds, nodes, profile_runs=SENSITIVITY_PROFILE_RUNS, revert_timing=BENCHMARK, **common
+        model,
+        quantizer,
+        feeds,
+        nodes,
+        profile_runs=SENSITIVITY_PROFILE_RUNS,
+        revert_timing=BENCHMARK,
+        timing_feed=latency_feed,
+        **common,
     )
     pairs = measure_pairs(model, quantizer, feeds, nodes, sens, **common)
     layers = {LAYER_PREFIX + node: s.to_dict() for node, s in sens.items()}

@@ -15,7 +15,7 @@ sampler authors, so keep to it::
 sampler may take as a prior::
 
      "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}},
-     "scope_errors": [{"params": {scope_param: choice}, "error": float}, ...],
+     "scope_errors": [{"params": {scope_param: choice}, "error": float, "lat_diff": float}, ...],
      "base_sensitivity": {"params": {scope_param: choice},
                           "layers": {layer_param: {"error_alone": float, "error_recovered": float,
                                                    "fp32_ms": float, "int8_ms": float,
@@ -26,9 +26,11 @@ sampler may take as a prior::
 in that layer alone (fp32), read from the table's rows: the stand-in used before tables carried
 the real measurement. ``scope_errors`` holds, for every combination of the other parameters
 (range estimator, granularity, mode; the reference's first) with every layer int8, the output
-error against fp32 on the calibration samples (``optuna_quant.measure.sensitivity.measure_scope_errors``);
+error against fp32 on the calibration samples (``optuna_quant.measure.sensitivity.measure_scope_errors``)
+and, in tables measured since, the kernels' speed-up (``lat_diff``, ``measure_kernel_speed``);
 ``base_sensitivity`` is ``optuna_quant.measure.sensitivity.measure_sensitivity`` run on the table's
-model, calibration data and quantizer at the combination with the lowest of these errors
+model, calibration data and quantizer at the base combination (``optuna_quant.trial.scoring.base_combination``:
+the lowest of these errors where the reference misses the accuracy target, as on every table)
 (``LayerSensitivity.to_dict()`` per layer), with the joint revert of the adjacent pairs that it
 leaves ambiguous (``optuna_quant.measure.interactions.measure_pairs``; absent in tables measured
 before).

@@ -152,8 +152,8 @@ def measure_pairs(
         limit: Pairs measured at most.
         fp32_outputs: The fp32 model's outputs on the first ``n_samples`` feeds
             (:func:`~optuna_quant.measure.sensitivity.model_outputs`), when measured already.
-        base_error: The output error of ``base_config``, when measured already (the
-            lowest of :func:`~optuna_quant.measure.sensitivity.measure_scope_errors`).
+        base_error: The output error of ``base_config``, when measured already (by
+            :func:`~optuna_quant.measure.sensitivity.measure_scope_errors`).
 
     Returns:
         What each measured pair's joint revert recovers.

@@ -10,7 +10,9 @@ Measured once per study, before the search, on calibration data:
   fp32 (``revert_cost``) and of the fp32 model against it with only the layer in int8
   (``alone_speedup``), beside the profiler's per-layer node time (:mod:`.profile`).
 - **The other parameters**: the all-int8 output error of each of their combinations
-  (:func:`measure_scope_errors`, no timing); the layers are measured at the lowest.
+  (:func:`measure_scope_errors`), and the all-int8 speed-up of each set of kernels they build
+  (:func:`measure_kernel_speed`); the layers are measured at the combination the prior rates highest
+  (:func:`optuna_quant.trial.scoring.base_combination`).
 
 Example:
     >>> sens = measure_sensitivity(model, quantizer, feeds, ["conv1", "fc"])   # doctest: +SKIP
@@ -41,6 +43,7 @@ from optuna_quant.measure.profile import initializers_of
 from optuna_quant.measure.profile import profile_layers
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import quantizable_nodes
+from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.model_io import Feed
 from optuna_quant.quantization.quantize import Quantizer
 
@@ -49,9 +52,15 @@ _logger = logging.getLogger(__name__)
 
 REVERT_TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=6, min_seconds=0.3)
 """The short paired timing of each revert (about 0.3 s of runs per layer, plus its session)."""
+KERNEL_TIMING_ROUNDS = 3
+"""Rounds in which :func:`measure_kernel_speed` times every set of kernels once."""
+KERNEL_ERROR_SPAN = 10.0
+"""Sets of kernels whose all-int8 error is over this many times the lowest are not timed: the
+prior scores their choices at its floor whatever their speed."""
 
 ScopeError = dict[str, Any]
-"""``{"params": {name: choice}, "error": float}``: the all-int8 output error of one combination;
+"""``{"params": {name: choice}, "error": float, "lat_diff": float}``: the all-int8 output error of
+one combination and, where timed, the all-int8 model's speed-up over fp32;
 ``{"params": ..., "error": None, "failure": "<exception type>: <message>"}`` for one that failed
 to build or run."""
 
@@ -142,8 +151,9 @@ def output_error(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Se
     return noise / signal if signal > 0 else noise
 
 
-def _session(model: onnx.ModelProto, settings: BenchmarkSettings) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), settings.session_options(), providers=["CPUExecutionProvider"])
+def _session(model: onnx.ModelProto | bytes, settings: BenchmarkSettings) -> ort.InferenceSession:
+    source = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(source, settings.session_options(), providers=["CPUExecutionProvider"])
 
 
 def model_outputs(model: onnx.ModelProto, samples: Sequence[Feed], settings: BenchmarkSettings) -> list[list[np.ndarray]]:
@@ -304,11 +314,11 @@ def measure_scope_errors(
 ) -> list[ScopeError]:
     """The all-int8 output error (:func:`output_error`) of each combination of the other parameters.
 
-    No timing: one quantized model and ``n_samples`` runs per distinct configuration
-    (calibration is ``quantizer``'s, once per range estimator). A combination that fails to
-    build or run is recorded as failed, with its reason, and the others are measured: a failing
-    choice is what the study learns (:mod:`optuna_quant.trial.failures`), not the end of the
-    measurement.
+    No timing (:func:`measure_kernel_speed` adds it): one quantized model and ``n_samples`` runs
+    per distinct configuration (calibration is ``quantizer``'s, once per range estimator). A
+    combination that fails to build or run is recorded as failed, with its reason, and the others
+    are measured: a failing choice is what the study learns (:mod:`optuna_quant.trial.failures`),
+    not the end of the measurement.
 
     Args:
         fp32_model: The fp32 model that ``quantizer`` quantizes.
@@ -372,6 +382,77 @@ def measure_scope_errors(
         f"; {failed} failed to build or run" if failed else "",
     )
     return errors
+
+
+def measure_kernel_speed(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    scope_errors: Sequence[ScopeError],
+    to_config: Callable[[Mapping[str, Any]], QuantConfig],
+    timing: BenchmarkSettings,
+    timing_feed: Feed,
+    *,
+    rounds: int = KERNEL_TIMING_ROUNDS,
+) -> list[ScopeError]:
+    """``scope_errors`` with the all-int8 speed-up over fp32 of each set of kernels as ``lat_diff``.
+
+    The range estimator changes only the scales: the combinations that differ in it alone share
+    one set of kernels and one ``lat_diff``. Each set is timed in ``rounds`` rounds, every set once
+    a round, on ``timing`` split over them (a trial's worth of runs in all), and its ``lat_diff``
+    is the median: on a shared machine one short timing of a sub-millisecond model moves by 5 %
+    from one call to the next (docs/benchmarks.md, mtcnn_rnet). A set is built as its
+    lowest-error combination was. Sets whose lowest error is over :data:`KERNEL_ERROR_SPAN` times
+    the lowest of all, and failed combinations, are not timed.
+
+    Args:
+        fp32_model: The fp32 model that ``quantizer`` quantizes.
+        quantizer: Builds the int8 models.
+        scope_errors: :func:`measure_scope_errors`' result.
+        to_config: The all-int8 configuration of a combination, as given to it.
+        timing: How one trial is timed (its threads included).
+        timing_feed: The input that is timed.
+        rounds: Rounds of timing.
+
+    Returns:
+        A copy of ``scope_errors``, ``lat_diff`` added where timed.
+    """
+    _check_positive(rounds=rounds)
+    start = time.perf_counter()
+    lowest = lowest_error(scope_errors)["error"]
+    kernels_of: dict[int, QuantConfig] = {}
+    best: dict[QuantConfig, tuple[float, QuantConfig]] = {}
+    for index, entry in enumerate(scope_errors):
+        if entry["error"] is not None:
+            config = to_config(entry["params"])
+            kernels = replace(config, range_estimator=RANGE_ESTIMATORS[0])
+            kernels_of[index] = kernels
+            if kernels not in best or entry["error"] < best[kernels][0]:
+                best[kernels] = (entry["error"], config)
+    timed = [kernels for kernels, (error, _) in best.items() if error <= KERNEL_ERROR_SPAN * lowest]
+    # Serialized once and sessions made per round: a set's model is built once, and a session
+    # holds its weights only while it is timed.
+    models = {kernels: quantizer.quantize(best[kernels][1]).SerializeToString() for kernels in timed}
+    per_round = replace(timing, min_seconds=timing.min_seconds / rounds)
+    fp32_session = _session(fp32_model, per_round)
+    readings: dict[QuantConfig, list[float]] = {kernels: [] for kernels in timed}
+    for _ in range(rounds):
+        for kernels in timed:
+            session = _session(models[kernels], per_round)
+            readings[kernels].append(measure_latency(fp32_session, session, timing_feed, per_round).lat_diff)
+    speed = {kernels: float(np.median(values)) for kernels, values in readings.items()}
+    _logger.info(
+        "Timed %d of %d sets of kernels all-int8 in %.1f s (%d rounds): speed-up %s",
+        len(timed),
+        len(best),
+        time.perf_counter() - start,
+        rounds,
+        "none" if not speed else f"{min(speed.values()):.3g} to {max(speed.values()):.3g}",
+    )
+    with_speed = [dict(entry) for entry in scope_errors]
+    for index, kernels in kernels_of.items():
+        if kernels in speed:
+            with_speed[index]["lat_diff"] = speed[kernels]
+    return with_speed
 
 
 def lowest_error(scope_errors: Sequence[ScopeError]) -> ScopeError:

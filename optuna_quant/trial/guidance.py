@@ -8,7 +8,8 @@ choice of the space does to the model's outputs and what reverting each layer co
   optuna-quant's samplers have; other samplers are left alone), through
   :func:`optuna_quant.trial.scoring.choice_scores`, with the choices that fail alone scored 0
   (:mod:`optuna_quant.trial.failures`: the measurement finds those it cannot build);
-- start-up trials are queued once: the lowest-error combination of the other scopes with every
+- start-up trials are queued once: the base combination of the other scopes (the one the prior
+  rates highest, :func:`optuna_quant.trial.scoring.base_combination`) with every
   layer int8; the same with each interacting pair of adjacent layers in fp32
   (:mod:`optuna_quant.measure.interactions`); the same with only the layers whose int8 pays on
   its own in int8; then every layer int8 but the most harmful ones, reverted to fp32 one more at
@@ -21,7 +22,7 @@ some of its parameters or choices.
 The samplers know nothing of quantization: they get per-choice scores, as a table replay does.
 
 Example:
-    >>> guidance = measure_guidance(measurer, space, reference_acc_loss=0.02)   # doctest: +SKIP
+    >>> guidance = measure_guidance(measurer, space, 0.02, Targets(accuracy_loss=1.0))   # doctest: +SKIP
     >>> guidance.prior(Targets(accuracy_loss=1.0), space)["layer:conv1"]  # doctest: +SKIP
     {'fp32': 0.91, 'int8': 0.09}
 """
@@ -50,7 +51,7 @@ from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.loss import Targets
 from optuna_quant.measure.measurer import Measurer
 from optuna_quant.measure.sensitivity import LayerSensitivity
-from optuna_quant.measure.sensitivity import lowest_error
+from optuna_quant.measure.sensitivity import measure_kernel_speed
 from optuna_quant.measure.sensitivity import measure_scope_errors
 from optuna_quant.measure.sensitivity import measure_sensitivity
 from optuna_quant.measure.sensitivity import model_outputs
@@ -62,6 +63,7 @@ from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
+from optuna_quant.trial.scoring import base_combination
 from optuna_quant.trial.scoring import choice_scores
 from optuna_quant.trial.scoring import interacting_pairs
 from optuna_quant.trial.scoring import revert_order
@@ -116,17 +118,24 @@ def measure_space(
     settings: BenchmarkSettings | None = None,
     revert_timing: BenchmarkSettings | None = REVERT_TIMING,
     timing_feed: Feed | None = None,
+    targets: Targets | None = None,
+    reference_acc_loss: float | None = None,
 ) -> tuple[list[ScopeError], dict[str, LayerSensitivity], list[PairRecovery]]:
     """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
     then :func:`measure_sensitivity` of the ``layer`` scope's parameters (``space.units()``: each
-    node, or each group of nodes) at the lowest-error combination, then
+    node, or each group of nodes) at the base combination, then
     :func:`~optuna_quant.measure.interactions.measure_pairs` there.
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
     with three ``op_types`` choices), plus one per other choice of the parameters of
-    :data:`ONE_AT_A_TIME`; the layers what :func:`measure_sensitivity` says, which
-    ``timing_feed`` is passed to; the pairs one model each. The fp32 outputs are computed once
-    for the three, and the pairs start from the lowest scope error.
+    :data:`ONE_AT_A_TIME`, and the timing of each set of kernels
+    (:func:`~optuna_quant.measure.sensitivity.measure_kernel_speed`, a trial's timing as
+    ``settings`` say; none when ``revert_timing`` is ``None`` or the reference misses the
+    accuracy target, where the prior does not use it); the layers what
+    :func:`measure_sensitivity` says; the pairs one model each. ``timing_feed`` is what both
+    time. The fp32 outputs are computed once for the three. The base combination is
+    :func:`~optuna_quant.trial.scoring.base_combination` for ``targets`` and the reference's
+    ``reference_acc_loss``: without them the lowest-error one.
 
     Returns:
         The scope errors (the reference's first), the layers' sensitivity and the pairs' joint
@@ -151,10 +160,19 @@ def measure_space(
         settings=settings,
         fp32_outputs=fp32_outputs,
     )
+    # The prior ranks the kernels only where the reference meets the accuracy target
+    # (scoring.combination_scores); elsewhere their timing would cost minutes on a transformer.
+    ranked = targets is None or reference_acc_loss is None or reference_acc_loss <= targets.acc_th
+    if revert_timing is not None and ranked:
+        # A whole model's few per cent between kernels (mtcnn_rnet's per-tensor weights) is below a
+        # revert's short timing's resolution: each set of kernels gets a trial's timing.
+        feed = feeds[0] if timing_feed is None else timing_feed
+        errors = measure_kernel_speed(fp32_model, quantizer, errors, functools.partial(all_int8, space), settings, feed)
     if "layer" not in space.scopes:
         return errors, {}, []  # no layer is searched: their sensitivity would guide nothing
-    lowest = lowest_error(errors)
-    base_config = all_int8(space, lowest["params"])
+    accuracy_target = None if targets is None else targets.acc_th
+    base = base_combination(errors, acc_loss=reference_acc_loss, accuracy_target=accuracy_target)
+    base_config = all_int8(space, base["params"])
     sens = measure_sensitivity(
         fp32_model,
         quantizer,
@@ -178,7 +196,7 @@ def measure_space(
         n_samples=n_samples,
         settings=settings,
         fp32_outputs=fp32_outputs,
-        base_error=lowest["error"],
+        base_error=base["error"],
     )
     return errors, sens, pairs
 
@@ -188,7 +206,7 @@ class Guidance:
     """The once-per-study measurement that guides the search.
 
     Attributes:
-        layers: Each searchable layer's sensitivity, measured at the lowest-error combination.
+        layers: Each searchable layer's sensitivity, measured at the base combination.
         scope_errors: The all-int8 output error of each combination of the other scopes, the
             reference's first.
         reference_acc_loss: The reference trial's ``acc_loss``, which the prior shares out over
@@ -209,7 +227,7 @@ class Guidance:
         return prior_for_space(self, space.distributions(), targets)
 
     def startup_params(self, space: SearchSpace, n: int, targets: Targets) -> list[dict[str, Any]]:
-        """Up to ``n`` configurations to try first, each once: the lowest-error combination of
+        """Up to ``n`` configurations to try first, each once: the base combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
         layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`, counted against
         ``targets``' accuracy target), the largest interaction first; the same with only the layers whose int8 pays on its own in int8
@@ -224,7 +242,10 @@ class Guidance:
         Configurations equal to the space's default (the reference) are left out.
         """
         default = space.default_params()
-        base = {**default, **lowest_error(self.scope_errors)["params"]}
+        combination = base_combination(
+            self.scope_errors, acc_loss=self.reference_acc_loss, accuracy_target=targets.acc_th
+        )
+        base = {**default, **combination["params"]}
         candidates = [base]
         if "layer" in space.scopes:
             units = space.units()
@@ -277,8 +298,8 @@ class Guidance:
         )
 
 
-def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss: float) -> Guidance:
-    """Measure the guidance of ``space`` on ``measurer``'s prepared model and calibration data."""
+def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss: float, targets: Targets) -> Guidance:
+    """Measure the guidance of ``space`` for ``targets`` on ``measurer``'s prepared model and calibration data."""
     _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
     start = time.perf_counter()
     scope_errors, layers, pairs = measure_space(
@@ -288,6 +309,8 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
         space,
         settings=measurer.benchmark,
         timing_feed=measurer.latency_feed,
+        targets=targets,
+        reference_acc_loss=reference_acc_loss,
     )
     seconds = time.perf_counter() - start
     _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
@@ -368,7 +391,7 @@ def guide_study(
     """
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
-    guidance = measure_guidance(measurer, space, reference_acc_loss)
+    guidance = measure_guidance(measurer, space, reference_acc_loss, targets)
     failures.forbid(study, lock, failures.failing_alone(space, guidance.scope_errors))
     with lock():
         if records.stored_guidance(study) is not None:

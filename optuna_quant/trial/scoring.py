@@ -1,16 +1,19 @@
 """The prior over the choices, from the measured sensitivity: what samplers get as ``set_prior``.
 
-:func:`choice_scores` scores each choice of the other parameters by its all-int8 output error and
-each layer's ``fp32``/``int8`` by what its revert buys against what it costs, alone or together
-with an adjacent layer it interacts with (:func:`interacting_pairs`), what a revert buys counted
-in accuracy targets (:func:`targets_per_error`); :func:`revert_order` orders the layers for the
-start-up trials that put them back to fp32.
+:func:`choice_scores` scores each choice of the other parameters by its all-int8 output error
+and, where that is within the accuracy target, the speed of its kernels
+(:func:`combination_scores`), and each layer's ``fp32``/``int8`` by what its revert buys against
+what it costs, alone or together with an adjacent layer it interacts with
+(:func:`interacting_pairs`), what a revert buys counted in accuracy targets
+(:func:`targets_per_error`); :func:`revert_order` orders the layers for the start-up trials that
+put them back to fp32.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Sequence
+import math
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,8 @@ MATERIAL_BENEFIT = 0.05
 one that buys half this has a third of the odds its gain and cost alone would give."""
 REVERT_RESOLUTION = 0.03
 """The share of the speed-up within which one revert's end-to-end timing cannot tell a cost from a
-saving on a loaded machine: a small layer's revert measures as free either way."""
+saving on a loaded machine: a small layer's revert measures as free either way. Also the spread
+taken for one short timing of a whole model (:func:`speed_odds`)."""
 INTERACTION_SHARE = 0.5
 """A pair interacts when more than this share of what its joint revert recovers is recovered by
 neither single revert, and that is worth at least :data:`MATERIAL_BENEFIT` of the accuracy target."""
@@ -69,15 +73,20 @@ def revert_order(sens: Mapping[str, LayerSensitivity]) -> list[str]:
 
 
 def targets_per_error(
-    sens: Mapping[str, LayerSensitivity], *, acc_loss: float, accuracy_target: float, scope_errors: Sequence[ScopeError] = ()
+    sens: Mapping[str, LayerSensitivity],
+    *,
+    acc_loss: float,
+    accuracy_target: float,
+    scope_errors: Sequence[ScopeError] = (),
 ) -> float:
     """What removing a unit of output error at the combination ``sens`` was measured at buys, in
     accuracy targets.
 
     The all-int8 accuracy loss is shared out over the layers as their output error is: ``acc_loss``
-    (with ``scope_errors``, predicted at the lowest-error combination by the ratio of its error to
-    the reference's, the first entry) over the summed ``error_alone`` (standing for the all-int8
-    error, as the errors add up), in units of ``accuracy_target``; nothing when that loss is negative.
+    (with ``scope_errors``, predicted at :func:`base_combination`, where the layers are measured,
+    by the ratio of its error to the reference's, the first entry) over the summed
+    ``error_alone`` (standing for the all-int8 error, as the errors add up), in units of
+    ``accuracy_target``; nothing when that loss is negative.
 
     Example:
         >>> sens = {"a": LayerSensitivity(0.03, 0.03, 1, 1), "b": LayerSensitivity(0.01, 0.0, 1, 1)}
@@ -86,7 +95,8 @@ def targets_per_error(
     """
     if scope_errors:
         reference = scope_errors[0]["error"] or 0.0
-        acc_loss = acc_loss * lowest_error(scope_errors)["error"] / reference if reference > 0 else acc_loss
+        base = base_combination(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
+        acc_loss = acc_loss * base["error"] / reference if reference > 0 else acc_loss
     total = sum(max(s.error_alone, 0.0) for s in sens.values())
     # A configuration that loses nothing leaves no accuracy to buy back.
     return max(acc_loss, 0.0) / total / accuracy_target if total > 0 else 0.0
@@ -176,22 +186,118 @@ def unresolved_saving(s: LayerSensitivity) -> float:
     return 0.0
 
 
-def scope_scores(
-    scope_errors: Sequence[ScopeError], *, acc_loss: float | None = None, accuracy_target: float | None = None
-) -> dict[str, dict[Any, float]]:
-    """Scores of the choices of the other parameters, from the lowest all-int8 error of any
-    combination with each choice, within :data:`SCORE_RANGE`.
+def speed_odds(lat_diffs: Sequence[float | None], within: Sequence[bool] | None = None) -> list[float]:
+    """How likely each all-int8 speed-up of ``lat_diffs`` is as fast as the fastest of those
+    ``within`` (default: all), as a share of that one's own chance; at most 1.
 
-    A choice scores ``lowest error / its error`` (failed combinations left out): the choices that
-    quantize with the least error
-    lead; one ten times worse is unlikely. When the reference (the first entry) meets the
-    ``accuracy_target`` with its ``acc_loss`` (fractions), a choice scores ``target / its predicted
-    loss`` instead, the loss predicted as ``acc_loss`` times its error over the reference's, and
-    the highest where that meets the target: error then matters only where it would miss the
-    target, and the choices are left to the speed (on a model whose all-int8 loss is negative,
-    every choice ties). Where the reference misses the target the lowest error leads: predicted
-    that way, the sampler tables' few feasible choices tied with many infeasible ones
-    (docs/benchmarks.md).
+    A timing is taken to spread by :data:`REVERT_RESOLUTION` of the fastest (normal). Relative,
+    not against the latency target: timed in the same rounds, the sets' differences hold from
+    one measurement to the next where their level does not (mtcnn_rnet's all-int8 model read
+    0.92 and 1.06 in two measurements; docs/benchmarks.md). An untimed entry (``None``) gets the
+    slowest timed one's odds; nothing timed leaves every odds at 1.
+
+    Example:
+        >>> [round(odds, 2) for odds in speed_odds([1.04, 1.07])]   # about 3 % slower: a spread
+        [0.35, 1.0]
+        >>> [round(odds, 2) for odds in speed_odds([2.0, 1.0, None])]   # not timed: no better than the slowest
+        [1.0, 0.0, 0.0]
+        >>> [round(odds, 2) for odds in speed_odds([1.04, 1.07], within=[True, False])]   # faster: no better
+        [1.0, 1.0]
+        >>> speed_odds([None, None])
+        [1.0, 1.0]
+    """
+    timed = [lat for lat in lat_diffs if lat is not None]
+    candidates = [lat for lat, held in zip(lat_diffs, within or [True] * len(lat_diffs)) if held and lat is not None]
+    if not candidates:
+        return [1.0] * len(lat_diffs)
+    fastest = max(candidates)
+
+    def odds(lat: float) -> float:
+        return min(1.0, math.erfc((fastest - lat) / (REVERT_RESOLUTION * fastest * math.sqrt(2.0))))
+
+    slowest = min(odds(lat) for lat in timed)
+    return [slowest if lat is None else odds(lat) for lat in lat_diffs]
+
+
+def combination_scores(
+    scope_errors: Sequence[ScopeError],
+    *,
+    acc_loss: float | None = None,
+    accuracy_target: float | None = None,
+) -> list[float | None]:
+    """How each measured combination of the other parameters rates as the place of the targets,
+    the best 1; ``None`` for a failed one.
+
+    Where the reference (the first entry) misses the ``accuracy_target`` with its ``acc_loss``
+    (fractions), or either is not given, the lowest error leads: a combination rates
+    ``lowest error / its error``. Predicted otherwise, the sampler tables' few feasible choices
+    tied with many infeasible ones (docs/benchmarks.md); and what the all-int8 kernels' speed
+    is worth there depends on the reverts that the accuracy needs, which can slow a faster
+    combination down more (mlp: per-tensor weights run 30 % faster all-int8, and every
+    configuration that meets both targets is per channel).
+
+    Where the reference meets the target, a combination rates ``target / its predicted loss``,
+    the loss predicted as ``acc_loss`` times its error over the reference's, and 1 where that
+    meets the target, times its kernels' speed (:func:`speed_odds` of its ``lat_diff`` against
+    the fastest of those predicted to meet it): error matters only where it would miss the
+    target, and the kernels' speed decides among the rest.
+
+    Example:
+        >>> errors = [{"params": {"g": "c"}, "error": 0.01, "lat_diff": 1.0},
+        ...           {"params": {"g": "t"}, "error": 0.02, "lat_diff": 1.06}]
+        >>> [round(score, 3) for score in combination_scores(errors)]   # no target: the error alone
+        [1.0, 0.5]
+        >>> [round(score, 3) for score in combination_scores(errors, acc_loss=0.004, accuracy_target=0.01)]
+        [0.059, 1.0]
+        >>> [round(score, 3) for score in combination_scores(errors, acc_loss=0.008, accuracy_target=0.01)]
+        [1.0, 0.625]
+    """
+    lowest = lowest_error(scope_errors)["error"]
+    reference = scope_errors[0]["error"] or 0.0  # None: the reference's build failed here
+    measured = [entry for entry in scope_errors if entry["error"] is not None]
+    if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
+        rated = [lowest / entry["error"] if entry["error"] > 0 else 1.0 for entry in measured]
+    else:
+        predicted = [max(acc_loss, 0.0) * entry["error"] / reference for entry in measured]
+        accuracy = [accuracy_target / loss if loss > accuracy_target else 1.0 for loss in predicted]
+        odds = speed_odds([entry.get("lat_diff") for entry in measured], [part == 1.0 for part in accuracy])
+        rated = [part * speed for part, speed in zip(accuracy, odds)]
+    top = max(rated)
+    scores = iter(rated)
+    return [None if entry["error"] is None else next(scores) / top for entry in scope_errors]
+
+
+def base_combination(
+    scope_errors: Sequence[ScopeError],
+    *,
+    acc_loss: float | None = None,
+    accuracy_target: float | None = None,
+) -> ScopeError:
+    """The measured combination that :func:`combination_scores` (same arguments) rates highest,
+    the lowest error among equals: where the layers are measured and the start-up trials start.
+
+    Without targets it is the lowest-error one.
+
+    Raises:
+        ValueError: If every combination failed.
+    """
+    values = combination_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
+    rated = [(value, -entry["error"], i) for i, (entry, value) in enumerate(zip(scope_errors, values)) if value is not None]
+    return scope_errors[max(rated)[2]]
+
+
+def scope_scores(
+    scope_errors: Sequence[ScopeError],
+    *,
+    acc_loss: float | None = None,
+    accuracy_target: float | None = None,
+) -> dict[str, dict[Any, float]]:
+    """Scores of the choices of the other parameters: each choice the best
+    :func:`combination_scores` (same arguments) of a combination that holds it, within
+    :data:`SCORE_RANGE`.
+
+    The choices that quantize with the least error lead, and among those that the accuracy target
+    allows the fastest kernels; one ten times worse is unlikely.
 
     Example:
         >>> errors = [{"params": {"g": "c"}, "error": 0.01}, {"params": {"g": "t"}, "error": 0.04}]
@@ -202,24 +308,16 @@ def scope_scores(
         >>> scope_scores(errors, acc_loss=0.004, accuracy_target=0.01)  # t's 0.016 misses it
         {'g': {'c': 0.9, 't': 0.625}}
     """
+    values = combination_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
     best: dict[str, dict[Any, float]] = {}
-    for entry in scope_errors:
-        if entry["error"] is None:
+    for entry, value in zip(scope_errors, values):
+        if value is None:
             continue  # failed: a choice that fails alone is forbidden apart (trial/failures.py)
         for name, choice in entry["params"].items():
             by_choice = best.setdefault(name, {})
-            by_choice[choice] = min(by_choice.get(choice, np.inf), entry["error"])
-    lowest = lowest_error(scope_errors)["error"]
-    reference = scope_errors[0]["error"] or 0.0  # None: the reference's build failed here
-
-    def score(error: float) -> float:
-        if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
-            return lowest / error if error > 0 else 1.0
-        predicted = max(acc_loss, 0.0) * error / reference
-        return accuracy_target / predicted if predicted > accuracy_target else 1.0
-
+            by_choice[choice] = max(by_choice.get(choice, 0.0), value)
     return {
-        name: {choice: round(float(np.clip(score(error), *SCORE_RANGE)), 4) for choice, error in by_choice.items()}
+        name: {choice: round(float(np.clip(value, *SCORE_RANGE)), 4) for choice, value in by_choice.items()}
         for name, by_choice in best.items()
     }
 
@@ -265,11 +363,11 @@ def choice_scores(
       the two recover together, against what the two reverts cost.
 
     Args:
-        sens: The layers' sensitivity, with ``revert_cost`` measured, at the lowest-error
-            combination of ``scope_errors`` (or at the reference when there are none).
+        sens: The layers' sensitivity, with ``revert_cost`` measured, at
+            :func:`base_combination` of ``scope_errors`` (or at the reference when there are none).
         acc_loss: The reference's relative accuracy loss (a fraction: 0.02 for 2 %). With
-            ``scope_errors``, the loss at the lowest-error combination is predicted from it,
-            scaled by the ratio of the two errors (the first entry is the reference's).
+            ``scope_errors``, the loss at the base combination is predicted from it, scaled by
+            the ratio of the two errors (the first entry is the reference's).
         accuracy_target: The largest acceptable relative accuracy loss, as a fraction.
         scope_errors: :func:`measure_scope_errors`' result; none: layers only.
         pairs: What adjacent pairs' joint reverts recover
@@ -288,17 +386,18 @@ def choice_scores(
     unmeasured = [node for node, s in sens.items() if s.revert_cost is None]
     if unmeasured:
         raise ValueError(f"Layers {unmeasured} have no revert_cost; measure them with revert_timing set.")
+    measured = {"acc_loss": acc_loss, "accuracy_target": accuracy_target, "scope_errors": scope_errors}
     scores: dict[str, dict[Any, float]] = {}
     if scope_errors:
         scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))
-    worth = targets_per_error(sens, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors)
+    worth = targets_per_error(sens, **measured)
 
     def gain(recovered: float) -> float:
         return worth * max(recovered, 0.0)  # a revert that adds output error (noise) buys nothing
 
     for node, s in sens.items():
         scores[LAYER_PREFIX + node] = layer_scores(gain(s.error_recovered), s.revert_cost, unresolved_saving(s))  # type: ignore[arg-type]
-    for pair in interacting_pairs(sens, pairs, acc_loss=acc_loss, accuracy_target=accuracy_target, scope_errors=scope_errors):
+    for pair in interacting_pairs(sens, pairs, **measured):
         joint = layer_scores(gain(pair.error_recovered), sum(sens[node].revert_cost for node in pair.layers))  # type: ignore[misc]
         for node in pair.layers:
             if joint["fp32"] > scores[LAYER_PREFIX + node]["fp32"]:

@@ -73,7 +73,7 @@ def setting():
     def acc_loss(params) -> float:
         return relative_accuracy_loss(measurer.baseline(), measurer.accuracy(space.to_config(params)))
 
-    guidance = measure_guidance(measurer, space, acc_loss(space.default_params()))
+    guidance = measure_guidance(measurer, space, acc_loss(space.default_params()), TARGETS)
     return space, guidance, acc_loss
 
 

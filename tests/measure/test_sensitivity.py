@@ -171,6 +171,9 @@ def test_measure_space_measures_the_layers_at_the_lowest_error(cnn) -> None:
     space = SearchSpace.from_model(model, scopes=("layer", "granularity", "range_estimator"))
     errors, sens, pairs = measure_space(model, quantizer, feeds, space, profile_runs=5)
     assert [e["params"] for e in errors] == scope_combinations(space.distributions())
+    # One timing per set of kernels: the range estimators change only the scales.
+    timed = {g: {e["lat_diff"] for e in errors if e["params"]["granularity"] == g} for g in ("per_channel", "per_tensor")}
+    assert all(len(readings) == 1 and 0 < next(iter(readings)) < np.inf for readings in timed.values())
     best = lowest_error(errors)["params"]
     base_config = space.to_config({**space.default_params(), **best})
     at_best = measure_sensitivity(model, quantizer, feeds, CNN_LAYERS, base_config=base_config, profile_runs=5, revert_timing=None)
