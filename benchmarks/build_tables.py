@@ -21,7 +21,7 @@ The targets are chosen per table after measuring, so that the default configurat
 accuracy target and only a few percent of the space meets both. Every table also carries the
 sensitivity of its model as a study measures it (:func:`with_sensitivity`: the all-int8 output
 error of every combination of the other parameters, and per layer
-:func:`optuna_quant.measure.sensitivity.measure_sensitivity` at the combination with the lowest error),
+:func:`optuna_quant.measure.sensitivity.measure_sensitivity` at the base combination, the lowest-error one on every table),
 measured with the objective's quantizer and calibration feeds, which ``--sensitivity-only`` adds
 to an existing table without measuring its rows again.
 """

@@ -186,14 +186,25 @@ def unresolved_saving(s: LayerSensitivity) -> float:
     return 0.0
 
 
+def ranks_kernels(acc_loss: float | None, accuracy_target: float | None) -> bool:
+    """Whether the prior ranks the kernels' speed: where the reference's ``acc_loss`` meets the
+    ``accuracy_target`` (:func:`combination_scores`), so that a study need time them only then.
+
+    Example:
+        >>> ranks_kernels(0.004, 0.01), ranks_kernels(0.03, 0.01), ranks_kernels(None, 0.01)
+        (True, False, False)
+    """
+    return acc_loss is not None and accuracy_target is not None and acc_loss <= accuracy_target
+
+
 def speed_odds(lat_diffs: Sequence[float | None], within: Sequence[bool] | None = None) -> list[float]:
     """How likely each all-int8 speed-up of ``lat_diffs`` is as fast as the fastest of those
     ``within`` (default: all), as a share of that one's own chance; at most 1.
 
     A timing is taken to spread by :data:`REVERT_RESOLUTION` of the fastest (normal). Relative,
     not against the latency target: timed in the same rounds, the sets' differences hold from
-    one measurement to the next where their level does not (mtcnn_rnet's all-int8 model read
-    0.92 and 1.06 in two measurements; docs/benchmarks.md). An untimed entry (``None``) gets the
+    one measurement to the next better than their level does (mtcnn_rnet's all-int8 model read
+    0.92 and 1.05 in two measurements; docs/benchmarks.md). An untimed entry (``None``) gets the
     slowest timed one's odds; nothing timed leaves every odds at 1.
 
     Example:
@@ -255,9 +266,10 @@ def combination_scores(
     lowest = lowest_error(scope_errors)["error"]
     reference = scope_errors[0]["error"] or 0.0  # None: the reference's build failed here
     measured = [entry for entry in scope_errors if entry["error"] is not None]
-    if acc_loss is None or accuracy_target is None or acc_loss > accuracy_target or reference <= 0:
+    if not ranks_kernels(acc_loss, accuracy_target) or reference <= 0:
         rated = [lowest / entry["error"] if entry["error"] > 0 else 1.0 for entry in measured]
     else:
+        assert acc_loss is not None and accuracy_target is not None  # ranks_kernels said so
         predicted = [max(acc_loss, 0.0) * entry["error"] / reference for entry in measured]
         accuracy = [accuracy_target / loss if loss > accuracy_target else 1.0 for loss in predicted]
         odds = speed_odds([entry.get("lat_diff") for entry in measured], [part == 1.0 for part in accuracy])
