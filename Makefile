@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test system-deps bench transcripts clean
+.PHONY: demo test system-deps bench peers transcripts clean
 
 $(STAMP): pyproject.toml benchmarks/real_models/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ system-deps:
 OPTUNA_FLOOR := 5.0.0
 FLOOR_TESTS := tests/architecture tests/samplers tests/storages tests/trial tests/study/test_worker.py tests/study/test_load_methods.py
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps peers
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pip install -q --no-deps --target .cache/optuna-$(OPTUNA_FLOOR) optuna==$(OPTUNA_FLOOR)
 	PYTHONPATH=.cache/optuna-$(OPTUNA_FLOOR) $(BIN)/python -m pytest -q -p no:cacheprovider $(FLOOR_TESTS)
@@ -55,5 +55,18 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_trial_cost --configs 8 --seed 0
 	$(BIN)/python -m benchmarks.bench_latency --repeats 10 --json benchmarks/results/latency_contention.json
 
+# The real-model benchmark's peers whose pins clash with .venv's (onnx-neural-compressor wants
+# numpy<2; Olive brings many packages): a virtual environment each, with the package and the
+# shipped models, so that they run the same harness (docs/real-models.md).
+PEERS := inc olive
+peers: $(PEERS:%=.venv-%/.installed-stamp)
+
+.venv-%/.installed-stamp: pyproject.toml benchmarks/real_models/requirements.txt benchmarks/real_models/requirements-%.txt
+	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install -q torch==2.13.0
+	.venv-$*/bin/python -m pip install -q -e '.[torch,bench]' -r benchmarks/real_models/requirements-$*.txt
+	.venv-$*/bin/python -m pip install -q --no-deps -r benchmarks/real_models/requirements.txt
+	touch $@
+
 clean:
-	rm -rf $(VENV) .cache demo.db demo-out *-artifacts *.db.lock workers.log workers.log.lock
+	rm -rf $(VENV) $(PEERS:%=.venv-%) .cache demo.db demo-out *-artifacts *.db.lock workers.log workers.log.lock

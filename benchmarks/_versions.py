@@ -6,7 +6,7 @@ from importlib import metadata
 import platform
 
 
-PACKAGES = ("optuna", "numpy", "scipy", "onnx", "onnxruntime", "torch", "hyperopt")
+PACKAGES = ("optuna", "numpy", "scipy", "onnx", "onnxruntime", "torch", "hyperopt", "nncf", "onnx-neural-compressor", "olive-ai")
 
 
 def versions() -> dict[str, str | None]:

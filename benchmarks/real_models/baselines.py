@@ -12,10 +12,19 @@
   all-MiniLM-L6-v2 the layer norms and Gelus, not the attention);
 - ``nncf``: NNCF's ``quantize_with_accuracy_control`` (ONNX backend, 1 % relative drop allowed),
   which quantizes everything and then reverts layers ranked by their effect on the outputs until
-  the drop is met.
+  the drop is met;
+- ``inc``: Intel Neural Compressor's tuning of ONNX models (``onnx-neural-compressor``'s
+  ``autotune``, 1 % relative drop allowed) over its own tuning spaces, static then dynamic; it
+  stops at the first configuration within the drop;
+- ``olive``: Microsoft Olive's search over its ``OnnxQuantization`` pass
+  (:mod:`benchmarks.real_models.olive_search`): the fastest model within a 1 % drop of 40 samples.
+
+The two peers run from virtual environments of their own (``make peers``, docs/real-models.md):
+INC's wheel wants ``numpy<2``, Olive brings many packages.
 
 Each int8 model is scored by the workload's ``eval_fn`` and timed against the model as given with
-``optuna_quant.measure.latency.measure_latency`` (one thread, paired blocks).
+``optuna_quant.measure.latency.measure_latency`` (one thread, paired blocks), on the input the
+studies time their trials on.
 
 Example:
     >>> workload = WORKLOADS["silero_vad"]()              # doctest: +SKIP
@@ -40,10 +49,12 @@ from onnxruntime.quantization import quantize_static
 from benchmarks.real_models.base import Feed
 from benchmarks.real_models.base import session
 from benchmarks.real_models.base import Workload
+from benchmarks.real_models.olive_search import olive_search
 from optuna_quant.measure.int8_causes import INT8_KERNELS
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import measure_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
+from optuna_quant.quantization.model_io import batch_of
 
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -51,10 +62,15 @@ COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 class _Reader(CalibrationDataReader):
     def __init__(self, feeds: list[Feed]) -> None:
+        self._all = feeds
         self._feeds = iter(feeds)
 
     def get_next(self) -> Feed | None:
         return next(self._feeds, None)
+
+    def rewind(self) -> None:
+        """Start again from the first feed (INC calibrates each configuration it tries)."""
+        self._feeds = iter(self._all)
 
 
 def _fp32_copy(workload: Workload) -> onnx.ModelProto:
@@ -156,6 +172,51 @@ def nncf_accuracy_control(workload: Workload, max_drop: float = 0.01) -> tuple[o
     return int8, {}
 
 
+def inc_tuning(workload: Workload, max_drop: float = 0.01, max_trials: int = 40) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """onnx-neural-compressor's ``autotune`` with a relative drop of ``max_drop``.
+
+    The configurations are INC's tuning spaces for static (QOperator, MinMax; four operator sets,
+    per channel or not, the last MatMul or not) then dynamic quantization, tried in INC's order
+    until one is within ``max_drop`` of the fp32 score (by the workload's ``eval_fn``).
+
+    Raises:
+        RuntimeError: If INC stops without a model: no configuration of the ``max_trials`` first
+            within ``max_drop`` (INC exits the process then), or one that crashes INC; the message
+            has the scores of the configurations tried before.
+    """
+    from onnx_neural_compressor.quantization import config
+    from onnx_neural_compressor.quantization import tuning
+
+    configs = [*config.StaticQuantConfig.get_config_set_for_tuning(), *config.DynamicQuantConfig.get_config_set_for_tuning()]
+    tried: list[float] = []
+
+    def score(path: str) -> float:
+        tried.append(workload.eval_fn(session(path)))
+        return tried[-1]
+
+    with tempfile.TemporaryDirectory() as folder:
+        fp32 = Path(folder) / "fp32.onnx"
+        onnx.save(_fp32_copy(workload), fp32)
+        try:
+            int8 = tuning.autotune(
+                str(fp32),
+                tuning.TuningConfig(config_set=configs, tolerable_loss=max_drop, max_trials=max_trials),
+                eval_fn=score,
+                calibration_data_reader=_Reader(workload.feeds()),
+            )
+        except (SystemExit, Exception) as err:  # INC exits the process when nothing meets the drop
+            raise RuntimeError(_inc_failure(tried, max_drop, err)) from err
+    # The first score is INC's fp32 baseline, on the model after onnxruntime's basic optimizations.
+    return int8, {"trials": len(tried) - 1, "fp32_score": tried[0], "scores": tried[1:]}
+
+
+def _inc_failure(scores: list[float], max_drop: float, err: BaseException) -> str:
+    tried = scores[1:]
+    best = f"best {max(tried):.4g} against fp32 {scores[0]:.4g}" if tried else "none evaluated"
+    cause = "no configuration within the drop" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+    return f"INC stopped after {len(tried)} configurations, none within {max_drop:.0%} ({best}): {cause}"
+
+
 BASELINES: dict[str, Callable[[Workload], tuple[onnx.ModelProto, dict[str, Any]]]] = {
     "ort_default": ort_default,
     "ort_preprocessed": ort_preprocessed,
@@ -163,16 +224,27 @@ BASELINES: dict[str, Callable[[Workload], tuple[onnx.ModelProto, dict[str, Any]]
     "ort_dynamic_per_channel": ort_dynamic_per_channel,
     "ort_dynamic_fused": ort_dynamic_fused,
     "nncf": nncf_accuracy_control,
+    "inc": inc_tuning,
+    "olive": olive_search,
 }
+PEERS = ("inc", "olive")
+"""The baselines that run from an environment of their own (``make peers``), not from ``.venv``."""
+
+
+def latency_feed(workload: Workload, settings: BenchmarkSettings) -> Feed:
+    """The input a study of ``workload`` times its trials on: the first ``settings.batch_size``
+    samples of the calibration data (``create_study`` without ``latency_data``)."""
+    return batch_of(workload.feeds(), settings.batch_size)
 
 
 def measure(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettings) -> dict[str, float]:
-    """Score ``int8`` and time it against the model as given, as a trial is measured."""
+    """Score ``int8`` and time it against the model as given, as a trial is measured: on the
+    input the study's trials are timed on (:func:`latency_feed`)."""
     fp32 = session(workload.onnx_model(), settings.threads)
     quantized = session(int8, settings.threads)
     fp32_accuracy = workload.eval_fn(fp32)
     accuracy = workload.eval_fn(quantized)
-    latency = measure_latency(fp32, quantized, workload.feeds()[0], settings)
+    latency = measure_latency(fp32, quantized, latency_feed(workload, settings), settings)
     return {
         "fp32_accuracy": fp32_accuracy,
         "accuracy": accuracy,

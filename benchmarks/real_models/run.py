@@ -9,8 +9,9 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
 - ``tpe``, ``gp``: optuna-quant's samplers; ``tpe+prior``, ``gp+prior``: the same with the
   per-layer sensitivity the study measures after its reference (``create_study(sensitivity=True)``:
   the samplers' prior and start-up trials); ``optuna_tpe``: Optuna's TPESampler;
-- ``ort_default``, ``ort_preprocessed``, ``nncf``: the recipes that need no tuning
-  (:mod:`benchmarks.real_models.baselines`).
+- ``ort_default``, ``ort_preprocessed``, ``ort_dynamic``..., ``nncf``: the recipes that need no
+  tuning, and the peers ``inc`` and ``olive``, run with their own environment's python
+  (:mod:`benchmarks.real_models.baselines`); each runs once, as seed 0.
 
 Results are merged into ``--out`` (a run of the same method and seed replaces the stored one), so
 that methods and seeds can be run apart and the tables recomputed from the file.
@@ -47,11 +48,13 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import optuna  # noqa: E402
 
 from benchmarks._versions import versions  # noqa: E402
 from benchmarks.real_models.baselines import BASELINES  # noqa: E402
 from benchmarks.real_models.baselines import measure  # noqa: E402
+from benchmarks.real_models.baselines import PEERS  # noqa: E402
 from benchmarks.real_models.workloads import build  # noqa: E402
 from benchmarks.real_models.workloads import LATENCY_TARGETS  # noqa: E402
 import optuna_quant  # noqa: E402
@@ -71,6 +74,7 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 PRIOR_SUFFIX = "+prior"
 TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe")
 METHODS = (*TUNING, *BASELINES)
+DEFAULT_METHODS = tuple(method for method in METHODS if method not in PEERS)
 
 
 def _peak_rss_mb() -> float:
@@ -124,14 +128,20 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
     return record
 
 
-def run_baseline(model: str, method: str, sizes: dict[str, int]) -> dict[str, Any]:
-    """One baseline (a name of :data:`BASELINES`): its int8 model measured as a trial is."""
+def run_baseline(model: str, method: str, sizes: dict[str, int], save_to: Path | None = None) -> dict[str, Any]:
+    """One baseline (a name of :data:`BASELINES`): its int8 model measured as a trial is, and
+    written to ``save_to/<model>-<method>.onnx`` if given (to re-time it beside others:
+    :mod:`benchmarks.real_models.side_by_side`)."""
     workload = build(model, **sizes)
     record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
     start = time.perf_counter()
     int8, notes = BASELINES[method](workload)
     record["quantize_s"] = time.perf_counter() - start
-    record.update(measure(workload, int8, SETTINGS), notes=notes)
+    if save_to is not None:
+        save_to.mkdir(parents=True, exist_ok=True)
+        onnx.save(int8, str(save_to / f"{model}-{method}.onnx"))
+    # A peer may run from an environment of its own (make peers): its run keeps its versions when merged.
+    record.update(measure(workload, int8, SETTINGS), notes=notes, versions=versions())
     record["wall_s"] = time.perf_counter() - start
     record["workload"] = {"source": workload.source, "score": workload.score, **workload.info}
     return record
@@ -353,9 +363,10 @@ def format_summary(report: dict[str, Any]) -> str:
     """
     summary = summarise(report)
     counts = checkpoints(report["trials"])
+    workload = report.get("workload") or {}  # None while every run has failed
     lines = [
-        f"**{report['model']}**: {report.get('workload', {}).get('source', '')}; score: "
-        f"{report.get('workload', {}).get('score', '')}. Targets: acc_loss <= {report['accuracy_loss']} %, "
+        f"**{report['model']}**: {workload.get('source', '')}; score: "
+        f"{workload.get('score', '')}. Targets: acc_loss <= {report['accuracy_loss']} %, "
         f"lat_diff >= {report['latency_reduce']}; {report['trials']} trials.",
         "",
         "| method | seeds | " + " | ".join(f"best lat_diff @{n}" for n in counts)
@@ -402,11 +413,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of each tuning method")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--trials", type=int, default=40, help="trials per study, the reference included")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help=f"comma-separated, from {', '.join(METHODS)} (default: all but the peers {', '.join(PEERS)})",
+    )
     parser.add_argument("--latency-reduce", type=float, help="latency target; default: the model's in LATENCY_TARGETS")
     parser.add_argument("--eval-size", type=int, help="evaluation samples (default: the workload's)")
     parser.add_argument("--calibration-size", type=int, help="calibration samples (default: the workload's)")
     parser.add_argument("--out", type=Path, help="JSON file the runs are merged into")
+    parser.add_argument("--save-models", type=Path, metavar="DIR", help="write each baseline's int8 model into DIR")
     parser.add_argument("--summary", type=Path, metavar="JSON", help="print the tables of a stored report and exit")
     parser.add_argument(
         "--merge", type=Path, nargs="+", metavar="JSON", help="merge these reports' runs into --out (later ones win) and exit"
@@ -449,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         seeds = [0] if method in BASELINES else range(args.first_seed, args.first_seed + args.seeds)
         for seed in seeds:
             if method in BASELINES:
-                run = in_fresh_process(run_baseline, args.model, method, sizes)
+                run = in_fresh_process(run_baseline, args.model, method, sizes, args.save_models)
             else:
                 run = in_fresh_process(run_study, args.model, method, seed, args.trials, report["latency_reduce"], sizes)
             run.update(method=method, seed=seed)

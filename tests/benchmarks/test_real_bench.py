@@ -7,6 +7,7 @@ tiny: these check that each piece does what the benchmark relies on, not the ben
 
 from __future__ import annotations
 
+from dataclasses import asdict
 import importlib.util
 import json
 import shutil
@@ -101,6 +102,23 @@ def test_baselines_quantize_and_leave_the_workloads_model_usable(name: str) -> N
     assert result["lat_diff"] > 0 and np.isfinite(result["acc_loss"])
     # onnxruntime's tools move a ModelProto's weights out in place; the workload's copy must survive.
     assert workload.eval_fn(session(workload.onnx_model())) == result["fp32_accuracy"]
+
+
+@needs("silero_vad", tool="espeak-ng")
+def test_baselines_are_timed_on_the_input_the_studies_time_their_trials_on() -> None:
+    import optuna
+
+    from benchmarks.real_models.baselines import latency_feed
+    import optuna_quant
+
+    workload = build("silero_vad", n_eval=2, n_calibration=2)
+    study = optuna_quant.create_study(**workload.study_kwargs(), storage=optuna.storages.InMemoryStorage(),
+                                      sensitivity=False, benchmark=asdict(run.SETTINGS))
+    timed = study.objective.measurer.latency_feed
+    feed = latency_feed(workload, run.SETTINGS)
+    assert feed.keys() == timed.keys() and all(np.array_equal(feed[name], timed[name]) for name in feed)
+    # One 32 ms frame, not the first calibration clip of 187 frames (where int8 pays far more).
+    assert feed["input"].shape[0] == 1 < workload.feeds()[0]["input"].shape[0]
 
 
 @pytest.mark.slow
@@ -250,7 +268,55 @@ def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys)
     assert all(t["state"] == "COMPLETE" and t["elapsed_s"] > 0 for t in study["trials"])
     assert study["peak_rss_mb"] >= study["workload_rss_mb"] > 0
     assert baseline["int8_layers"] == 6 and "error" not in baseline
+    assert baseline["versions"]["onnx"] == onnx.__version__  # a baseline's run keeps the versions it ran with
     assert json.loads(out.read_text())["runs"] == report["runs"]
     printed = capsys.readouterr().out
     assert "| tpe+prior | 1 |" in printed and "| ort_default |" in printed
     assert report["versions"]["onnx"] == onnx.__version__  # the report names what it ran with
+
+
+def _configured(params: dict, acc_loss: float, lat_diff: float) -> dict:
+    return {"number": 0, "state": "COMPLETE", "acc_loss": acc_loss, "lat_diff": lat_diff, "params": params}
+
+
+def test_side_by_side_re_times_the_configuration_with_the_best_median_that_always_meets_the_target() -> None:
+    from benchmarks.real_models.side_by_side import best_configuration
+
+    fast, steady, unsafe = {"x": "fast"}, {"x": "steady"}, {"x": "unsafe"}
+    runs = [
+        # "fast" reads 1.9 once and 1.3 twice; "steady" 1.5 three times; "unsafe" is faster but missed once.
+        {"trials": [_configured(fast, 0.0, 1.9), _configured(steady, 0.0, 1.5), _configured(unsafe, 0.0, 2.5)]},
+        {"trials": [_configured(fast, 0.0, 1.3), _configured(steady, 0.0, 1.5), _configured(unsafe, 0.02, 2.5)]},
+        {"trials": [_configured(fast, 0.0, 1.3), _configured(steady, 0.001, 1.5)]},
+        {"acc_loss": 0.0, "lat_diff": 3.0},  # a baseline: not a study configuration
+    ]
+    report = {"model": "m", "accuracy_loss": 1.0, "runs": runs}
+    assert best_configuration(report) == (steady, 1.5)
+    with pytest.raises(ValueError, match="No study trial of the m report meets"):
+        best_configuration({**report, "runs": [{"trials": [_configured(unsafe, 0.02, 2.5)]}]})
+
+
+@needs("silero_vad", tool="espeak-ng")
+def test_side_by_side_builds_a_study_configuration_and_measures_every_model_each_round() -> None:
+    import optuna
+
+    from benchmarks.real_models import side_by_side
+    import optuna_quant
+
+    workload = build("silero_vad", n_eval=2, n_calibration=2)
+    study = optuna_quant.create_study(**workload.study_kwargs(), storage=optuna.storages.InMemoryStorage(), sensitivity=False,
+                                      benchmark={"threads": 1, "warmup": 1, "blocks": 2, "min_seconds": 0.02})
+    study.optimize(n_trials=1)
+    older = {name: "fp32" if name.startswith("layer") else value for name, value in study.trials[0].params.items()}
+    del older["approach"]
+    built = side_by_side.study_models(workload, {"reference": {}, "all fp32": older})
+    (reference, params), (all_fp32, older_params) = built["reference"], built["all fp32"]
+    assert params == study.trials[0].params  # {}: the reference trial's configuration
+    # A report from before the approach scope: the configuration holds its reference choice.
+    assert older_params == {**older, "approach": "static"}
+    int8, _ = BASELINES["ort_default"](workload)
+    result = side_by_side.retime(workload, {"reference": reference, "all fp32": all_fp32, "ort_default": int8}, rounds=2)
+    assert list(result) == ["reference", "all fp32", "ort_default"]
+    assert all(len(row["lat_diffs"]) == 2 and np.isfinite(row["acc_loss"]) for row in result.values())
+    assert (result["reference"]["int8_layers"], result["all fp32"]["int8_layers"]) == (6, 0)
+    assert result["all fp32"]["acc_loss"] == 0.0  # the layers in fp32 are the fp32 model's

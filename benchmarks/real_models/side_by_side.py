@@ -1,0 +1,167 @@
+"""The best configuration the studies of a report found, re-timed beside other int8 models in one
+process, round after round: the ratios of the real-model tables come from different processes
+at different loads, these from the same minutes.
+
+The study's configuration is the one with the best median ``lat_diff`` over all its readings
+within the accuracy target (:func:`benchmarks.real_models.run.config_medians`), built by
+``create_study``'s objective from its parameters as a trial builds it; ``--reference`` adds the
+study's reference configuration (its first trial: every layer int8). The others are baselines
+built in this process (:data:`benchmarks.real_models.baselines.BASELINES`) and int8 files that
+other environments wrote (``run --save-models``: the peers of ``make peers``). Each round
+measures every model once (:func:`benchmarks.real_models.baselines.measure`: the workload's
+``eval_fn``, paired timing against fp32), in turn; the medians over rounds are printed.
+
+Example:
+    python -m benchmarks.real_models.side_by_side --model ppocr --report benchmarks/results/real_ppocr.json \\
+        --files inc=/tmp/ppocr-inc.onnx --rounds 5 --out benchmarks/results/side_by_side_ppocr.json
+"""
+
+from __future__ import annotations
+
+import os
+
+
+# One thread per process, as the runner times.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import optuna  # noqa: E402
+
+from benchmarks._versions import versions  # noqa: E402
+from benchmarks.real_models.base import Workload  # noqa: E402
+from benchmarks.real_models.baselines import BASELINES  # noqa: E402
+from benchmarks.real_models.baselines import measure  # noqa: E402
+from benchmarks.real_models.run import ACCURACY_LOSS  # noqa: E402
+from benchmarks.real_models.run import config_medians  # noqa: E402
+from benchmarks.real_models.run import SETTINGS  # noqa: E402
+from benchmarks.real_models.workloads import build  # noqa: E402
+import optuna_quant  # noqa: E402
+
+
+def best_configuration(report: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The parameters of the report's configuration with the best median ``lat_diff`` among those
+    whose every reading meets the accuracy target, and that median.
+
+    Raises:
+        ValueError: If no study trial of the report meets the target.
+    """
+    acc_th = report["accuracy_loss"] / 100
+    runs = [r for r in report["runs"] if "trials" in r]
+    missed = {
+        tuple(sorted(t["params"].items()))
+        for r in runs
+        for t in r["trials"]
+        if t["state"] == "COMPLETE" and (t["acc_loss"] is None or t["acc_loss"] > acc_th)
+    }
+    medians = {config: value for config, value in config_medians(runs).items() if config not in missed}
+    if not medians:
+        raise ValueError(f"No study trial of the {report['model']} report meets acc_loss <= {acc_th}.")
+    config = max(medians, key=medians.__getitem__)
+    return dict(config), medians[config]
+
+
+def study_models(workload: Workload, configurations: dict[str, dict[str, Any]]) -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
+    """Per name, the int8 model of the configuration's parameters, built by ``create_study``'s
+    objective as a trial builds it, and the parameters it was built from: a parameter left out
+    (``{}`` is the study's reference trial; a report made before a scope existed lacks it) holds
+    its reference choice, as the code of that report did."""
+    with tempfile.TemporaryDirectory() as folder:
+        study = optuna_quant.create_study(
+            **workload.study_kwargs(),
+            accuracy_loss=ACCURACY_LOSS,
+            storage=optuna.storages.InMemoryStorage(),
+            benchmark=asdict(SETTINGS),
+            artifact_dir=folder,
+        )
+        built = {}
+        for name, params in configurations.items():
+            params = {**study.objective.space.default_params(), **params}
+            built[name] = (study.objective.build(params), params)
+        return built
+
+
+def retime(workload: Workload, models: dict[str, onnx.ModelProto], rounds: int) -> dict[str, Any]:
+    """Every model measured once per round, in turn; per model the readings and their medians."""
+    readings: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            readings[name].append(measure(workload, model, SETTINGS))
+    return {
+        name: {
+            "acc_loss": float(np.median([r["acc_loss"] for r in rows])),
+            "lat_diff": float(np.median([r["lat_diff"] for r in rows])),
+            "lat_diffs": [r["lat_diff"] for r in rows],
+            "int8_layers": rows[0]["int8_layers"],
+            "fp32_layers": rows[0]["fp32_layers"],
+        }
+        for name, rows in readings.items()
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_models.side_by_side", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="workload name (benchmarks.real_models.workloads.WORKLOADS)")
+    parser.add_argument("--report", type=Path, help="a report of the runner whose best study configuration is re-timed")
+    parser.add_argument("--reference", action="store_true", help="also the study's reference configuration")
+    parser.add_argument("--baselines", nargs="*", default=[], help=f"baselines built here, from {', '.join(BASELINES)}")
+    parser.add_argument("--files", nargs="*", default=[], metavar="NAME=PATH", help="int8 ONNX files written elsewhere")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="JSON file for the readings")
+    args = parser.parse_args(argv)
+    unknown = set(args.baselines) - set(BASELINES)
+    if unknown:
+        parser.error(f"unknown baseline(s) {sorted(unknown)}; choose from {list(BASELINES)}")
+    bad = [item for item in args.files if "=" not in item]
+    if bad:
+        parser.error(f"--files takes NAME=PATH, not {bad}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be positive, not {args.rounds}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Build the models, re-time them side by side and print one line each."""
+    args = parse_args(argv)
+    missing = [path for _, path in (item.split("=", 1) for item in args.files) if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"No such int8 model file: {missing}")
+    workload = build(args.model)
+    models: dict[str, onnx.ModelProto] = {}
+    result: dict[str, Any] = {"model": args.model, "rounds": args.rounds, "versions": versions()}
+    configurations: dict[str, dict[str, Any]] = {"study reference": {}} if args.reference else {}
+    if args.report is not None:
+        params, median = best_configuration(json.loads(args.report.read_text()))
+        configurations["study best"] = params
+        result["report_median"] = median
+    for name, (model, params) in study_models(workload, configurations).items():
+        models[name] = model
+        result.setdefault("params", {})[name] = params
+    for name in args.baselines:
+        models[name] = BASELINES[name](workload)[0]
+    for name, path in (item.split("=", 1) for item in args.files):
+        models[name] = onnx.load(path)
+    result["models"] = retime(workload, models, args.rounds)
+    for name, row in result["models"].items():
+        print(
+            f"{name}: lat_diff {row['lat_diff']:.3f} (median of {args.rounds}; "
+            f"{min(row['lat_diffs']):.3f}-{max(row['lat_diffs']):.3f}), acc_loss {100 * row['acc_loss']:.2f} %, "
+            f"{row['int8_layers']} int8 / {row['fp32_layers']} fp32 layers",
+            flush=True,
+        )
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
+    return result
+
+
+if __name__ == "__main__":
+    main()
