@@ -727,9 +727,13 @@ def test_make_peers_builds_the_environment_of_each_peer_the_benchmark_commands_r
     _the("docs/real-models.md", MAKE_PEERS)
     commands = _make_dry_run("peers", "--always-make")  # as on a fresh machine
     for python, peer in PEER_PYTHONS.items():
-        assert any(python in c and f"-r benchmarks/real_models/requirements-{peer}.txt" in c for c in commands), commands
-        assert any(python in c and "-r benchmarks/real_models/requirements.txt" in c for c in commands), commands
-        assert any(python in c and "torch==2.13.0" in c for c in commands), commands  # before the package
+        steps = [c for c in commands if python in c]
+        torch, package, models = (
+            next(i for i, c in enumerate(steps) if part in c)
+            for part in ("torch==2.13.0", f"-r benchmarks/real_models/requirements-{peer}.txt", "-r benchmarks/real_models/requirements.txt")
+        )
+        assert torch < package and "-e '.[torch,bench]'" in steps[package], steps  # torch pinned, first
+        assert "--no-deps" in steps[models], steps
     assert {item.text.split()[0] for item in shown("docs/real-models.md") if ".venv-" in item.text} <= set(PEER_PYTHONS)
 
 
