@@ -52,6 +52,7 @@ from benchmarks.real_models.base import Workload
 from benchmarks.real_models.olive_search import olive_search
 from optuna_quant.measure.int8_causes import INT8_KERNELS
 from optuna_quant.measure.latency import BenchmarkSettings
+from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.measure.latency import measure_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
 from optuna_quant.quantization.model_io import batch_of
@@ -237,14 +238,19 @@ def latency_feed(workload: Workload, settings: BenchmarkSettings) -> Feed:
     return batch_of(workload.feeds(), settings.batch_size)
 
 
-def measure(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettings) -> dict[str, float]:
-    """Score ``int8`` and time it against the model as given, as a trial is measured: on the
-    input the study's trials are timed on (:func:`latency_feed`)."""
+def time_against_fp32(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettings) -> LatencyResult:
+    """``int8`` timed against the model as given, on the input the study's trials are timed on
+    (:func:`latency_feed`)."""
     fp32 = session(workload.onnx_model(), settings.threads)
-    quantized = session(int8, settings.threads)
-    fp32_accuracy = workload.eval_fn(fp32)
-    accuracy = workload.eval_fn(quantized)
-    latency = measure_latency(fp32, quantized, latency_feed(workload, settings), settings)
+    return measure_latency(fp32, session(int8, settings.threads), latency_feed(workload, settings), settings)
+
+
+def measure(workload: Workload, int8: onnx.ModelProto, settings: BenchmarkSettings) -> dict[str, float]:
+    """Score ``int8`` and time it against the model as given, as a trial is measured
+    (:func:`time_against_fp32`)."""
+    fp32_accuracy = workload.eval_fn(session(workload.onnx_model(), settings.threads))
+    accuracy = workload.eval_fn(session(int8, settings.threads))
+    latency = time_against_fp32(workload, int8, settings)
     return {
         "fp32_accuracy": fp32_accuracy,
         "accuracy": accuracy,

@@ -7,9 +7,10 @@ within the accuracy target (:func:`benchmarks.real_models.run.config_medians`), 
 ``create_study``'s objective from its parameters as a trial builds it; ``--reference`` adds the
 study's reference configuration (its first trial: every layer int8). The others are baselines
 built in this process (:data:`benchmarks.real_models.baselines.BASELINES`) and int8 files that
-other environments wrote (``run --save-models``: the peers of ``make peers``). Each round
-measures every model once (:func:`benchmarks.real_models.baselines.measure`: the workload's
-``eval_fn``, paired timing against fp32), in turn; the medians over rounds are printed.
+other environments wrote (``run --save-models``: the peers of ``make peers``). Every model
+is scored once with the workload's ``eval_fn`` (deterministic), and each round times every model
+once against fp32, in turn (:func:`benchmarks.real_models.baselines.time_against_fp32`); the
+medians over rounds are printed.
 
 Example:
     python -m benchmarks.real_models.side_by_side --model ppocr --report benchmarks/results/real_ppocr.json \\
@@ -41,6 +42,7 @@ from benchmarks._versions import versions  # noqa: E402
 from benchmarks.real_models.base import Workload  # noqa: E402
 from benchmarks.real_models.baselines import BASELINES  # noqa: E402
 from benchmarks.real_models.baselines import measure  # noqa: E402
+from benchmarks.real_models.baselines import time_against_fp32  # noqa: E402
 from benchmarks.real_models.run import ACCURACY_LOSS  # noqa: E402
 from benchmarks.real_models.run import config_medians  # noqa: E402
 from benchmarks.real_models.run import SETTINGS  # noqa: E402
@@ -91,20 +93,22 @@ def study_models(workload: Workload, configurations: dict[str, dict[str, Any]]) 
 
 
 def retime(workload: Workload, models: dict[str, onnx.ModelProto], rounds: int) -> dict[str, Any]:
-    """Every model measured once per round, in turn; per model the readings and their medians."""
-    readings: dict[str, list[dict[str, float]]] = {name: [] for name in models}
-    for _ in range(rounds):
+    """Every model scored once and timed once per round, in turn; per model its ``acc_loss``, its
+    readings and their median."""
+    measured = {name: measure(workload, model, SETTINGS) for name, model in models.items()}
+    readings = {name: [row["lat_diff"]] for name, row in measured.items()}
+    for _ in range(rounds - 1):
         for name, model in models.items():
-            readings[name].append(measure(workload, model, SETTINGS))
+            readings[name].append(time_against_fp32(workload, model, SETTINGS).lat_diff)
     return {
         name: {
-            "acc_loss": float(np.median([r["acc_loss"] for r in rows])),
-            "lat_diff": float(np.median([r["lat_diff"] for r in rows])),
-            "lat_diffs": [r["lat_diff"] for r in rows],
-            "int8_layers": rows[0]["int8_layers"],
-            "fp32_layers": rows[0]["fp32_layers"],
+            "acc_loss": row["acc_loss"],
+            "lat_diff": float(np.median(readings[name])),
+            "lat_diffs": readings[name],
+            "int8_layers": row["int8_layers"],
+            "fp32_layers": row["fp32_layers"],
         }
-        for name, rows in readings.items()
+        for name, row in measured.items()
     }
 
 
