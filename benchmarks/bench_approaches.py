@@ -6,6 +6,10 @@ thread) and the output error (noise-to-signal ratio on the calibration feeds) of
 - ``static``: the reference configuration, Q/DQ around the compute-heavy operators (the package);
 - ``qoperator``: the same ranges and operators in onnxruntime's QOperator format (QLinearConv,
   QLinearMatMul; built here with onnxruntime's quantizer, the package has no such approach);
+- ``static+inc_ops`` and ``qoperator+inc_ops``: the same ranges in each format around Intel
+  Neural Compressor's pick on the PP-OCRv4 recognizer, every operator of onnxruntime's QDQ and
+  QLinear registries but Add and Mul (docs/real-models.md, "Peers"): which of INC's format and
+  operator set makes its model faster;
 - ``dynamic``: the package's dynamic approach (DynamicQuantizeLinear + MatMulInteger on the
   MatMuls with constant weights, and Attention/LSTM);
 - ``dynamic+conv``: the same with ConvInteger for the convolutions;
@@ -16,7 +20,9 @@ Run::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_approaches minilm demo rapidocr_rec silero_vad_sequence
 
-Results go to ``benchmarks/results/approaches.json`` (one entry per model, merged with earlier runs).
+Results go to ``benchmarks/results/approaches.json``, one entry per model and CPU int8 class
+(``name@class``; the entries named by the model alone are from the AMD Zen 5 machine, ``x86-vnni``),
+merged with earlier runs.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantizationMode
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
 from benchmarks._versions import versions
@@ -53,21 +60,30 @@ TIMING = BenchmarkSettings(threads=1, warmup=5, blocks=10, min_seconds=3.0)
 CALIBRATION_FEEDS = 16
 
 
+INC_OP_TYPES = tuple(op for op in op_type_sets()["all"] if op not in ("Add", "Mul"))
+"""Intel Neural Compressor's operator set on the PP-OCRv4 recognizer."""
+
+
 def _onnx_quantizer(model: onnx.ModelProto, **kwargs) -> onnx.ModelProto:
     quantizer = ONNXQuantizer(copy.deepcopy(model), **kwargs)
     quantizer.quantize_model()
     return quantizer.model.model
 
 
-def _qoperator(quantizer: Quantizer) -> onnx.ModelProto:
-    return _onnx_quantizer(
-        quantizer._model,
-        per_channel=True, reduce_range=False, mode=QuantizationMode.QLinearOps, static=True,
-        weight_qType=QuantType.QInt8, activation_qType=QuantType.QUInt8,
+def _static(quantizer: Quantizer, op_types: Sequence[str], qoperator: bool) -> onnx.ModelProto:
+    """onnxruntime's static quantization of ``op_types`` from the package's MinMax ranges, per
+    channel, in the QOperator or the Q/DQ format."""
+    kwargs = dict(
+        per_channel=True, reduce_range=False, weight_qType=QuantType.QInt8, activation_qType=QuantType.QUInt8,
         tensors_range=copy.deepcopy(quantizer.ranges("minmax")), nodes_to_quantize=[],
-        nodes_to_exclude=list(quantizer.kept_fp32), op_types_to_quantize=list(op_type_sets()["compute"]),
+        nodes_to_exclude=list(quantizer.kept_fp32), op_types_to_quantize=list(op_types),
         extra_options={"WeightSymmetric": True},
     )
+    if qoperator:
+        return _onnx_quantizer(quantizer._model, mode=QuantizationMode.QLinearOps, static=True, **kwargs)
+    qdq = QDQQuantizer(copy.deepcopy(quantizer._model), **kwargs)
+    qdq.quantize_model()
+    return qdq.model.model
 
 
 def _integer_ops(quantizer: Quantizer, op_types: Sequence[str], per_channel: bool) -> onnx.ModelProto:
@@ -83,7 +99,9 @@ def _integer_ops(quantizer: Quantizer, op_types: Sequence[str], per_channel: boo
 
 BUILDERS: dict[str, Callable[[Quantizer], onnx.ModelProto]] = {
     "static": lambda q: q.quantize(QuantConfig()),
-    "qoperator": _qoperator,
+    "qoperator": lambda q: _static(q, op_type_sets()["compute"], qoperator=True),
+    "static+inc_ops": lambda q: _static(q, INC_OP_TYPES, qoperator=False),
+    "qoperator+inc_ops": lambda q: _static(q, INC_OP_TYPES, qoperator=True),
     "dynamic": lambda q: q.quantize(QuantConfig(approach="dynamic")),
     "dynamic+conv": lambda q: _integer_ops(q, [*DYNAMIC_OP_TYPES, "Conv"], per_channel=True),
     "quantize_dynamic": lambda q: _integer_ops(q, list(IntegerOpsRegistry), per_channel=False),
@@ -132,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     stored = json.loads(args.json.read_text()) if args.json.is_file() else {}
     for name in args.models:
-        stored[name] = {"results": measure(name), "versions": versions()}
+        ran_with = versions()
+        stored[f"{name}@{ran_with['int8_class']}"] = {"results": measure(name), "versions": ran_with}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
 

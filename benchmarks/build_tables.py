@@ -54,9 +54,7 @@ from benchmarks.table import configurations  # noqa: E402
 from benchmarks.table import Table  # noqa: E402
 from benchmarks.table import TABLES_DIR  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
-from optuna_quant.measure import sensitivity  # noqa: E402
 from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
-from optuna_quant.measure.interactions import measure_pairs  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
 from optuna_quant.measure.latency import LatencyResult  # noqa: E402
 from optuna_quant.measure.loss import relative_accuracy_loss  # noqa: E402
@@ -64,6 +62,7 @@ from optuna_quant.measure.loss import Targets  # noqa: E402
 from optuna_quant.quantization.config import QuantConfig  # noqa: E402
 from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
 from optuna_quant.trial.guidance import all_int8  # noqa: E402
+from optuna_quant.trial.guidance import measure_combinations  # noqa: E402
 from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
 from optuna_quant.trial.scoring import base_combination  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
@@ -314,37 +313,28 @@ def with_sensitivity(table: Table, measured: Setup) -> Table:
     """
     objective = measured.objective
     model, quantizer = objective.measurer.model, objective.measurer.quantizer
-    feeds = to_feeds(measured.calibration, model)
     choices = {name: choices for name, choices in table.params.items() if not name.startswith(LAYER_PREFIX)}
     # A table with the fused ``mode`` was measured before the space split it (table_config).
     to_config = (lambda p: table_config(objective, p)) if "mode" in choices else (lambda p: all_int8(objective.space, p))
+    reference_loss = table.lookup(table.reference)["acc_loss"]
     # configurations() orders names alike for every combination; its first is the reference.
-    errors = sensitivity.measure_scope_errors(
+    errors, sens, pairs = measure_combinations(
         model,
         quantizer,
-        feeds,
+        to_feeds(measured.calibration, model),
         configurations(choices),
         to_config,
+        {node: (node,) for node in objective.space.nodes},
         n_samples=SENSITIVITY_SAMPLES,
-        settings=BENCHMARK,
-    )
-    latency_feed = objective.measurer.latency_feed
-    errors = sensitivity.measure_kernel_speed(model, quantizer, errors, to_config, BENCHMARK, latency_feed)
-    reference_loss = table.lookup(table.reference)["acc_loss"]
-    base = base_combination(errors, acc_loss=reference_loss, accuracy_target=table.target.acc_th)["params"]
-    nodes = {node: (node,) for node in objective.space.nodes}
-    common = dict(base_config=to_config(base), n_samples=SENSITIVITY_SAMPLES, settings=BENCHMARK)
-    sens = sensitivity.measure_sensitivity(
-        model,
-        quantizer,
-        feeds,
-        nodes,
         profile_runs=SENSITIVITY_PROFILE_RUNS,
+        settings=BENCHMARK,
         revert_timing=BENCHMARK,
-        timing_feed=latency_feed,
-        **common,
+        timing_feed=objective.measurer.latency_feed,
+        reference_acc_loss=reference_loss,
+        accuracy_target=table.target.acc_th,
     )
-    pairs = measure_pairs(model, quantizer, feeds, nodes, sens, **common)
+    # The combination the layers were measured at (measure_combinations chose it the same way).
+    base = base_combination(errors, acc_loss=reference_loss, accuracy_target=table.target.acc_th)["params"]
     layers = {LAYER_PREFIX + node: s.to_dict() for node, s in sens.items()}
     base_sensitivity = {"params": base, "layers": layers, "pairs": [pair.to_dict() for pair in pairs]}
     return dataclasses.replace(table, scope_errors=errors, base_sensitivity=base_sensitivity)

@@ -172,9 +172,11 @@ def load_report(path: Path, header: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return {**header, "runs": []}
     report = json.loads(path.read_text())
-    for key in ("model", "settings", "accuracy_loss", "latency_reduce", "trials"):
-        if report.get(key) != header[key]:
-            raise ValueError(f"{path} holds runs with {key} {report.get(key)!r}, not {header[key]!r}: use another --out.")
+    # Runs of two CPU int8 classes do not compare (optuna_quant.measure.cpu); a report from before
+    # the class was recorded takes none of a known class.
+    for key in ("model", "settings", "accuracy_loss", "latency_reduce", "trials", "int8_class"):
+        if report.get(key) != header.get(key):
+            raise ValueError(f"{path} holds runs with {key} {report.get(key)!r}, not {header.get(key)!r}: use another --out.")
     return report
 
 
@@ -367,7 +369,8 @@ def format_summary(report: dict[str, Any]) -> str:
     lines = [
         f"**{report['model']}**: {workload.get('source', '')}; score: "
         f"{workload.get('score', '')}. Targets: acc_loss <= {report['accuracy_loss']} %, "
-        f"lat_diff >= {report['latency_reduce']}; {report['trials']} trials.",
+        f"lat_diff >= {report['latency_reduce']}; {report['trials']} trials; CPU int8 class "
+        f"{report.get('int8_class') or 'not recorded'}.",
         "",
         "| method | seeds | " + " | ".join(f"best lat_diff @{n}" for n in counts)
         + " | trials to target | s to target | @20 / best any | same, by config | peak MB | reference s | calibration s"
@@ -451,13 +454,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(format_summary(report))
         return report
     sizes = {k: v for k, v in (("n_eval", args.eval_size), ("n_calibration", args.calibration_size)) if v is not None}
+    ran_with = versions()
     header = {
         "model": args.model,
         "settings": {"benchmark": asdict(SETTINGS), "sizes": sizes},
         "accuracy_loss": ACCURACY_LOSS,
         "latency_reduce": args.latency_reduce or LATENCY_TARGETS[args.model],
         "trials": args.trials,
-        "versions": versions(),
+        "int8_class": ran_with["int8_class"],
+        "versions": ran_with,
     }
     report = load_report(args.out, header)
     report["versions"] = header["versions"]

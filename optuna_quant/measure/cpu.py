@@ -35,9 +35,19 @@ _CLASS_OF_FLAG = {
 }
 INT8_CLASSES = (*dict.fromkeys(_CLASS_OF_FLAG.values()), "other")
 """The classes, fastest first within each architecture; ``other`` has none of the flags."""
-# numpy reads CPUID itself: where it knows a flag, a flag that the kernel lists but CPUID does not
-# report (a user-mode emulator shows the host's /proc/cpuinfo) is not there for onnxruntime either.
-_NUMPY_FEATURE = {"avx512_vnni": "AVX512VNNI", "avx512bw": "AVX512BW", "avx2": "AVX2", "asimddp": "ASIMDDP"}
+# numpy reads CPUID itself: a flag that the kernel lists but CPUID does not report (a user-mode
+# emulator such as qemu-x86_64 shows the host's /proc/cpuinfo) is not there for onnxruntime either.
+# numpy reads no AMX or AVX-VNNI bit: those two stand on a feature that every CPU with them has
+# (Sapphire Rapids' AVX-512 set; GFNI, on Alder Lake, Sapphire Rapids and Zen 5 onwards) and the
+# older CPUs an emulator offers lack, so an emulated Haswell on an AMX host reads x86-avx2.
+_NUMPY_FEATURE = {
+    "amx_int8": "AVX512_SPR",
+    "avx512_vnni": "AVX512VNNI",
+    "avx_vnni": "GFNI",
+    "avx512bw": "AVX512BW",
+    "avx2": "AVX2",
+    "asimddp": "ASIMDDP",
+}
 
 
 @dataclass(frozen=True)
@@ -96,13 +106,22 @@ def int8_support(cpuinfo: str | Path | None = None) -> Int8Support:
         if key.strip() in ("flags", "Features"):  # x86, ARM
             flags.update(value.split())
     if cpuinfo is None:
-        cpuid = _numpy_cpu_features()
-        flags = {flag for flag in flags if cpuid.get(_NUMPY_FEATURE.get(flag, ""), True)}
+        flags = confirmed_by_cpuid(flags, _numpy_cpu_features())
     return Int8Support(
         onnxruntime_version=ort.__version__,
         providers=tuple(ort.get_available_providers()),
         instruction_sets=tuple(flag for flag in CPU_INT8_FLAGS if flag in flags),
     )
+
+
+def confirmed_by_cpuid(flags: set[str], cpuid: dict[str, bool]) -> set[str]:
+    """The ``flags`` of /proc/cpuinfo that numpy's CPUID reading (``cpuid``) does not contradict.
+
+    Example:
+        >>> sorted(confirmed_by_cpuid({"amx_int8", "avx512_vnni", "avx2"}, {"AVX512_SPR": False, "AVX2": True}))
+        ['avx2', 'avx512_vnni']
+    """
+    return {flag for flag in flags if cpuid.get(_NUMPY_FEATURE.get(flag, ""), True)}
 
 
 def _numpy_cpu_features() -> dict[str, bool]:

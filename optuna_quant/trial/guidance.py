@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -122,10 +123,8 @@ def measure_space(
     targets: Targets | None = None,
     reference_acc_loss: float | None = None,
 ) -> tuple[list[ScopeError], dict[str, LayerSensitivity], list[PairRecovery]]:
-    """What a study measures once: :func:`measure_scope_errors` over ``space``'s other parameters,
-    then :func:`measure_sensitivity` of the ``layer`` scope's parameters (``space.units()``: each
-    node, or each group of nodes) at the base combination, then
-    :func:`~optuna_quant.measure.interactions.measure_pairs` there.
+    """What a study measures once: :func:`measure_combinations` of ``space``'s other parameters
+    and of the ``layer`` scope's parameters (``space.units()``: each node, or each group of nodes).
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
     with three ``op_types`` choices), plus one per other choice of the parameters of
@@ -133,8 +132,7 @@ def measure_space(
     (:func:`~optuna_quant.measure.sensitivity.measure_kernel_speed`, a trial's timing as
     ``settings`` say; none when ``revert_timing`` is ``None`` or the reference misses the
     accuracy target, where the prior does not use it); the layers what
-    :func:`measure_sensitivity` says; the pairs one model each. ``timing_feed`` is what both
-    time. The fp32 outputs are computed once for the three. The base combination is
+    :func:`measure_sensitivity` says; the pairs one model each. The base combination is
     :func:`~optuna_quant.trial.scoring.base_combination` for ``targets`` and the reference's
     ``reference_acc_loss``: without them the lowest-error one.
 
@@ -148,36 +146,85 @@ def measure_space(
     """
     distributions = space.distributions()
     held = [name for name in ONE_AT_A_TIME if name in distributions]
+    # Untimed where the prior would not use them: the timing cost 114 s on all-MiniLM-L6-v2.
+    ranked = targets is None or reference_acc_loss is None or ranks_kernels(reference_acc_loss, targets.acc_th)
+    return measure_combinations(
+        fp32_model,
+        quantizer,
+        feeds,
+        scope_combinations(distributions, held),
+        functools.partial(all_int8, space),
+        space.units() if "layer" in space.scopes else {},  # no layer searched: nothing to guide
+        one_at_a_time={name: distributions[name].choices for name in held},
+        n_samples=n_samples,
+        profile_runs=profile_runs,
+        settings=settings,
+        revert_timing=revert_timing,
+        timing_feed=timing_feed,
+        time_kernels=revert_timing is not None and ranked,
+        reference_acc_loss=reference_acc_loss,
+        accuracy_target=None if targets is None else targets.acc_th,
+    )
+
+
+def measure_combinations(
+    fp32_model: onnx.ModelProto,
+    quantizer: Quantizer,
+    feeds: Sequence[Feed],
+    combinations: Sequence[Mapping[str, Any]],
+    to_config: Callable[[Mapping[str, Any]], QuantConfig],
+    units: Mapping[str, tuple[str, ...]],
+    *,
+    one_at_a_time: Mapping[str, Sequence[Any]] | None = None,
+    n_samples: int = 32,
+    profile_runs: int = 20,
+    settings: BenchmarkSettings | None = None,
+    revert_timing: BenchmarkSettings | None = REVERT_TIMING,
+    timing_feed: Feed | None = None,
+    time_kernels: bool = True,
+    reference_acc_loss: float | None = None,
+    accuracy_target: float | None = None,
+) -> tuple[list[ScopeError], dict[str, LayerSensitivity], list[PairRecovery]]:
+    """:func:`measure_scope_errors` of ``combinations`` (each built all-int8 by ``to_config``, the
+    reference's first), their kernels' speed where ``time_kernels``
+    (:func:`~optuna_quant.measure.sensitivity.measure_kernel_speed`), then
+    :func:`measure_sensitivity` of ``units`` and
+    :func:`~optuna_quant.measure.interactions.measure_pairs` at the base combination
+    (:func:`~optuna_quant.trial.scoring.base_combination`). ``timing_feed`` is what both time;
+    the fp32 outputs are computed once for the three. A study's space gives the combinations
+    (:func:`measure_space`); a benchmark's table gives its own.
+
+    Returns:
+        The scope errors, the sensitivity of ``units`` and the pairs' joint reverts (none of
+        the last two without ``units``).
+    """
     settings = settings or BenchmarkSettings()
     fp32_outputs = model_outputs(fp32_model, feeds[:n_samples], settings)
     errors = measure_scope_errors(
         fp32_model,
         quantizer,
         feeds,
-        scope_combinations(distributions, held),
-        functools.partial(all_int8, space),
-        one_at_a_time={name: distributions[name].choices for name in held},
+        combinations,
+        to_config,
+        one_at_a_time=one_at_a_time,
         n_samples=n_samples,
         settings=settings,
         fp32_outputs=fp32_outputs,
     )
-    # Untimed where the prior would not use them: the timing cost 114 s on all-MiniLM-L6-v2.
-    ranked = targets is None or reference_acc_loss is None or ranks_kernels(reference_acc_loss, targets.acc_th)
-    if revert_timing is not None and ranked:
+    if time_kernels:
         # A whole model's few per cent between kernels (mtcnn_rnet's per-tensor weights) is below a
         # revert's short timing's resolution: each set of kernels gets a trial's timing.
         feed = feeds[0] if timing_feed is None else timing_feed
-        errors = measure_kernel_speed(fp32_model, quantizer, errors, functools.partial(all_int8, space), settings, feed)
-    if "layer" not in space.scopes:
-        return errors, {}, []  # no layer is searched: their sensitivity would guide nothing
-    accuracy_target = None if targets is None else targets.acc_th
+        errors = measure_kernel_speed(fp32_model, quantizer, errors, to_config, settings, feed)
+    if not units:
+        return errors, {}, []
     base = base_combination(errors, acc_loss=reference_acc_loss, accuracy_target=accuracy_target)
-    base_config = all_int8(space, base["params"])
+    base_config = to_config(base["params"])
     sens = measure_sensitivity(
         fp32_model,
         quantizer,
         feeds,
-        space.units(),
+        units,
         base_config=base_config,
         n_samples=n_samples,
         profile_runs=profile_runs,
@@ -190,7 +237,7 @@ def measure_space(
         fp32_model,
         quantizer,
         feeds,
-        space.units(),
+        units,
         sens,
         base_config=base_config,
         n_samples=n_samples,

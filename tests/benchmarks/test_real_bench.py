@@ -25,6 +25,7 @@ from benchmarks.real_models.text import char_accuracy
 from benchmarks.real_models.text import fonts
 from benchmarks.real_models.text import render_lines
 from benchmarks.real_models.workloads import build
+from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.latency import BenchmarkSettings
 
 
@@ -239,6 +240,8 @@ def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:
     assert sorted((r["seed"], r["wall_s"]) for r in stored["runs"]) == [(0, 2.0), (1, 3.0)]
     with pytest.raises(ValueError, match="trials 40, not 20"):
         run.load_report(path, {**header, "trials": 20})
+    with pytest.raises(ValueError, match="int8_class None, not 'x86-amx'"):  # unrecorded: no runs of a known class
+        run.load_report(path, {**header, "int8_class": "x86-amx"})
     # Runs made apart (another process wrote its own file) merge in, the later ones winning.
     other = tmp_path / "other.json"
     run.store(other, run.load_report(other, header), {"method": "tpe", "seed": 1, "wall_s": 4.0})
@@ -273,6 +276,9 @@ def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys)
     printed = capsys.readouterr().out
     assert "| tpe+prior | 1 |" in printed and "| ort_default |" in printed
     assert report["versions"]["onnx"] == onnx.__version__  # the report names what it ran with
+    cpu = int8_support().int8_class  # and the CPU class its figures hold for
+    assert report["int8_class"] == baseline["versions"]["int8_class"] == cpu
+    assert f"CPU int8 class {cpu}." in printed
 
 
 def _configured(params: dict, acc_loss: float, lat_diff: float) -> dict:

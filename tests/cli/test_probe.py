@@ -16,6 +16,7 @@ from optuna_quant.cli.probe import probe
 from optuna_quant.cli.probe import ProbeReport
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.cli.probe import suggest_targets
+from optuna_quant.measure.cpu import confirmed_by_cpuid
 from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.cpu import Int8Support
 from optuna_quant.measure.int8_causes import slow_int8_causes
@@ -40,6 +41,17 @@ def test_int8_support_reads_the_cpu_flags(tmp_path) -> None:
     assert int8_support(arm).instruction_sets == ("asimddp",) and int8_support(arm).dot_product
     assert int8_support(tmp_path / "missing").instruction_sets == ()
     assert "int8 instructions: none of amx_int8" in int8_support(tmp_path / "missing").describe()
+
+
+def test_flags_that_cpuid_contradicts_are_dropped() -> None:
+    # An AVX2 CPU emulated by qemu-x86_64 on an AMX host: /proc/cpuinfo lists the host's flags,
+    # numpy's CPUID reading (the features below, as it reads them there) the emulated CPU's.
+    host = {"amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2"}
+    haswell = {"AVX2": True, "AVX512BW": False, "AVX512VNNI": False, "AVX512_SPR": False, "GFNI": False}
+    assert confirmed_by_cpuid(host, haswell) == {"avx2"}
+    icelake = {**haswell, "AVX512BW": True, "AVX512VNNI": True, "GFNI": True}
+    assert confirmed_by_cpuid(host, icelake) == {"avx512_vnni", "avx_vnni", "avx512bw", "avx2"}
+    assert confirmed_by_cpuid(host, {}) == host  # nothing read: the kernel's flags stand
 
 
 @pytest.mark.parametrize(

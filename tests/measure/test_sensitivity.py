@@ -298,7 +298,11 @@ def test_demo_model_ranks_its_rescaled_layers_first() -> None:
     # costs every layer some accuracy (under AVX2 emulation the others reached 0.024, /6/Conv 0.378).
     dominance = 100 if int8_support().dot_product else 10
     assert sens["/6/Conv"].acc_cost > dominance * max(sens[n].acc_cost for n in by_cost[2:])
-    order = revert_order(sens)
-    assert order.index("/6/Conv") < order.index("/2/Conv")
     assert all(s.revert_cost is not None for s in sens.values())
+    # Which reverts cost speed is the CPU's: with AMX the model ran faster with /0, /2 or /4 in
+    # fp32, with AVX512-VNNI /2's int8 paid. Those reverts come first, then /6/Conv, the
+    # costliest per time its int8 saves.
+    order = revert_order(sens)
+    pays = [n for n in order if sens[n].revert_cost > 0]
+    assert order == [n for n in order if n not in pays] + pays and pays[0] == "/6/Conv"
 
