@@ -10,7 +10,8 @@ class::
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_cpu_class --trials 20 --storage cpu_class.db
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_cpu_class --trials 20 --storage here.db --resume cpu_class.db
 
-Results go to ``benchmarks/results/cpu_classes.json``, one entry per int8 class.
+Results go to ``benchmarks/results/cpu_classes.json``, one entry per machine, keyed by ``--label``
+(by default the int8 class).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import onnx
 import optuna
 
 from benchmarks._versions import versions
-from examples import demo_data
-from examples.demo_model import build_demo_model
+from examples.demo import ACCURACY_LOSS
+from examples.demo import demo_study
+from examples.demo import LATENCY_REDUCE
 import optuna_quant as oq
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.measure.cpu import int8_support
@@ -41,31 +43,7 @@ from optuna_quant.trial.results import recorded
 
 RESULTS = Path(__file__).parent / "results" / "cpu_classes.json"
 STUDY_NAME = "demo-cpu-class"
-TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name as the kernel reports it, or ``unknown``."""
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def demo_study(storage: str, trials_load_method: str = "cold_start") -> oq.QuantStudy:
-    """``make demo``'s study of the demo model in ``storage`` (a storage URL)."""
-    return oq.create_study(
-        model=str(build_demo_model()),
-        calibration_data=demo_data.calibration(),
-        eval_data=demo_data.evaluation(),
-        accuracy_loss=TARGETS.accuracy_loss,
-        latency_reduce=TARGETS.latency_reduce,
-        sampler="tpe",
-        seed=0,
-        storage=storage,
-        study_name=STUDY_NAME,
-        trials_load_method=trials_load_method,
-    )
+TARGETS = Targets(accuracy_loss=ACCURACY_LOSS, latency_reduce=LATENCY_REDUCE)
 
 
 def study_figures(study: optuna.Study) -> dict[str, Any]:
@@ -98,7 +76,7 @@ def resume(storage: str) -> dict[str, Any]:
     """Join the study stored in ``storage`` (a storage URL) as a ``warm_start`` worker and run
     one trial more."""
     try:
-        study = demo_study(storage, trials_load_method="warm_start")
+        study = demo_study(storage, study_name=STUDY_NAME, trials_load_method="warm_start")
     except ValueError as error:
         refused: str | None = str(error)
     else:
@@ -123,7 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def tune_here(storage: str, trials: int) -> dict[str, Any]:
     """The probe, a study of ``trials`` trials in ``storage``, and its exported model's metadata."""
-    study = demo_study(storage)
+    study = demo_study(storage, study_name=STUDY_NAME)
     probe = run_probe(study.objective)
     print(probe.report(), flush=True)
     study.optimize(n_trials=trials)
@@ -150,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cpu = int8_support()
-    print(cpu_model(), "|", cpu.describe(), flush=True)
+    print(cpu.cpu_model, "|", cpu.describe(), flush=True)
     entry: dict[str, Any] = {
-        "cpu": cpu_model(),
+        "cpu": cpu.cpu_model,
         "int8_class": cpu.int8_class,
         "instruction_sets": list(cpu.instruction_sets),
         "cores": os.cpu_count(),

@@ -80,6 +80,7 @@ from optuna_quant.measure.interactions import PairRecovery  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
 from optuna_quant.trial.guidance import Guidance  # noqa: E402
 from optuna_quant.trial.guidance import prior_for_space  # noqa: E402
+from optuna_quant.trial.guidance import startup_trials  # noqa: E402
 from optuna_quant.trial.scoring import layer_scores  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
@@ -199,17 +200,16 @@ def standin_prior(table: Table) -> dict[str, dict[str, float]]:
     }
 
 
-def sensitivity_prior(table: Table, with_pairs: bool = True) -> dict[str, dict[str, Any]]:
-    """``optuna_quant.prior_for_space`` of the table's measured sensitivity, for the table's space.
+def table_guidance(table: Table, with_pairs: bool = True) -> Guidance:
+    """What a study of the table's space measures before its prior and start-up trials.
 
     The table's ``scope_errors`` and ``base_sensitivity`` (with its ``pairs``, where measured)
     are what a study measures (``build_tables.with_sensitivity``), named by the table's
-    parameters; the reference's
-    ``acc_loss`` is the table's default row, as a study's reference trial gives it. Nothing else
-    comes from the rows.
+    parameters; the reference's ``acc_loss`` is the table's default row, as a study's reference
+    trial gives it. Nothing else comes from the rows.
 
-    ``with_pairs=False`` leaves the pairs out: the prior as it was before pairs were measured,
-    one layer at a time.
+    ``with_pairs=False`` leaves the pairs out: the guidance as it was before pairs were
+    measured, one layer at a time.
 
     Raises:
         ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
@@ -224,9 +224,21 @@ def sensitivity_prior(table: Table, with_pairs: bool = True) -> dict[str, dict[s
         for name, measured in table.base_sensitivity["layers"].items()
     }
     pairs = tuple(PairRecovery.from_dict(pair) for pair in table.base_sensitivity.get("pairs", ()) if with_pairs)
-    guidance = Guidance(layers, table.scope_errors, table.lookup(table.reference)["acc_loss"], pairs=pairs)
-    space = {name: CategoricalDistribution(choices) for name, choices in table.params.items()}
-    return prior_for_space(guidance, space, table.target)
+    return Guidance(layers, table.scope_errors, table.lookup(table.reference)["acc_loss"], pairs=pairs)
+
+
+def table_distributions(table: Table) -> dict[str, CategoricalDistribution]:
+    """The table's space as Optuna distributions."""
+    return {name: CategoricalDistribution(choices) for name, choices in table.params.items()}
+
+
+def sensitivity_prior(table: Table, with_pairs: bool = True) -> dict[str, dict[str, Any]]:
+    """``optuna_quant.prior_for_space`` of :func:`table_guidance`, for the table's space.
+
+    Raises:
+        ValueError: If the table has no ``scope_errors`` or ``base_sensitivity``.
+    """
+    return prior_for_space(table_guidance(table, with_pairs), table_distributions(table), table.target)
 
 
 def inverted_prior(table: Table) -> dict[str, dict[str, Any]]:
@@ -256,9 +268,14 @@ def run_optuna(
     constraints: bool,
     stop_at_target: bool = False,
     prior: str | None = None,
+    live_queue: bool = False,
 ) -> Trace:
     """One Optuna study of ``budget`` trials on the table (fewer when it stops at the target);
-    with ``prior`` (a key of :data:`PRIORS`), the sampler gets that prior through its ``set_prior``."""
+    with ``prior`` (a key of :data:`PRIORS`), the sampler gets that prior through its ``set_prior``.
+
+    With ``live_queue`` the study starts as an optuna-quant study does: the reference first, then
+    (with the ``sensitivity`` prior) the start-up trials that such a study queues for the sampler
+    (``optuna_quant.trial.guidance.startup_trials``)."""
     replay = Replay(table)
     target = table.target
 
@@ -280,6 +297,11 @@ def run_optuna(
         sampler.set_prior(PRIORS[prior](table))
     start = time.perf_counter()
     study = optuna.create_study(sampler=sampler)
+    if live_queue:
+        study.enqueue_trial(table.reference)
+        n = startup_trials(sampler, budget) if prior == "sensitivity" else 0
+        for params in table_guidance(table).startup_params(table_distributions(table), n, table.target):
+            study.enqueue_trial(params, skip_if_exists=True)
     study.optimize(objective, n_trials=budget)
     return replay.finish(time.perf_counter() - start)
 
@@ -334,6 +356,7 @@ class Task:
     constraints: bool
     stop_at_target: bool = False
     prior: str | None = None
+    live_queue: bool = False
 
 
 @lru_cache(maxsize=None)
@@ -350,7 +373,14 @@ def run_task(task: Task) -> Trace:
     if task.spec == HYPEROPT_TPE:
         return run_hyperopt(table, task.seed, task.budget, task.stop_at_target)
     return run_optuna(
-        resolve(task.spec), table, task.seed, task.budget, task.constraints, task.stop_at_target, task.prior
+        resolve(task.spec),
+        table,
+        task.seed,
+        task.budget,
+        task.constraints,
+        task.stop_at_target,
+        task.prior,
+        task.live_queue,
     )
 
 
@@ -529,6 +559,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "'inverted' (the first, every score mirrored: a wrong prior; '+prior-inverted'), "
         "'single' (the first without the pairs of layers; '+prior-single')",
     )
+    parser.add_argument(
+        "--live-queue",
+        action="store_true",
+        help="start each study as optuna-quant's does: the reference first, then (with --prior sensitivity) "
+        "the start-up trials it queues for the sampler; trials to target count them",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "samplers.json", help="JSON results file")
     parser.add_argument("--plots-dir", type=Path, default=RESULTS_DIR, help="where the PNGs go")
@@ -577,6 +613,8 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         if without:
             raise SystemExit(f"--prior needs samplers with set_prior; these have none: {without}.")
         samplers = {name + PRIOR_SUFFIX[args.prior]: spec for name, spec in samplers.items()}
+    if args.live_queue and HYPEROPT_TPE in samplers.values():
+        raise SystemExit(f"--live-queue queues trials in Optuna studies; {HYPEROPT_TPE} runs hyperopt's own loop.")
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     paths = table_paths(args.tables)
@@ -584,7 +622,9 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         PRIORS[args.prior](load_table(str(path)))  # a table without the measurement fails before any study
     seeds = range(args.seed_offset, args.seed_offset + args.seeds)
     tasks = [
-        Task(name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target, args.prior)
+        Task(
+            name, spec, str(path), seed, args.budget, args.constraints, args.stop_at_target, args.prior, args.live_queue
+        )
         for path in paths
         for name, spec in samplers.items()
         for seed in seeds
@@ -599,6 +639,7 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
         "seeds": list(seeds),
         "constraints": args.constraints,
         "stop_at_target": args.stop_at_target,
+        "live_queue": args.live_queue,
         "skipped": skipped,
         "tables": {},
     }
@@ -616,23 +657,22 @@ def run_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str
     return report
 
 
+MERGED_SETTINGS = {"budget": None, "constraints": True, "stop_at_target": False, "live_queue": False}
+"""The settings that merged reports must share, with what a report from before one existed ran."""
+
+
 def merge_reports(paths: Sequence[Path]) -> dict[str, Any]:
     """One report from the JSON results of several runs with the same settings (later runs win)."""
     reports = [json.loads(path.read_text()) for path in paths]
-    settings = {
-        # Runs from before stop_at_target existed ran whole studies.
-        (report["budget"], report.get("constraints", True), report.get("stop_at_target", False))
-        for report in reports
-    }
+    settings = {tuple(report.get(key, default) for key, default in MERGED_SETTINGS.items()) for report in reports}
     if len(settings) != 1:
-        raise SystemExit(f"Cannot merge runs with different (budget, constraints, stop_at_target): {sorted(settings)}.")
-    budget, constraints, stop_at_target = settings.pop()
+        raise SystemExit(
+            f"Cannot merge runs with different ({', '.join(MERGED_SETTINGS)}): {sorted(settings)}."
+        )
     merged: dict[str, Any] = {
         "commands": [],
         "versions": [],
-        "budget": budget,
-        "constraints": constraints,
-        "stop_at_target": stop_at_target,
+        **dict(zip(MERGED_SETTINGS, settings.pop())),
         "skipped": {},
         "tables": {},
     }

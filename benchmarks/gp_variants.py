@@ -1,4 +1,4 @@
-"""Variants of optuna-quant's GP sampler used only by the GP section of ``docs/benchmarks.md``.
+"""Variants of optuna-quant's GP sampler used only by the sampler sections of ``docs/benchmarks.md``.
 
 Name them as ``--sampler benchmarks.gp_variants:two_startup`` in ``benchmarks/bench_samplers.py``.
 """
@@ -21,3 +21,13 @@ def prior_strength_1(seed: int) -> DiscreteGPSampler:
 def prior_strength_3(seed: int) -> DiscreteGPSampler:
     """The prior's piBO weight ``beta`` at 3 instead of 10."""
     return DiscreteGPSampler(seed=seed, prior_strength=3.0)
+
+
+class _StartupQueued(DiscreteGPSampler):
+    takes_startup_trials = True
+
+
+def startup_queue(seed: int) -> DiscreteGPSampler:
+    """The default sampler with an optuna-quant study's start-up trials queued before it, as the
+    TPE gets them (``bench_samplers --live-queue``)."""
+    return _StartupQueued(seed=seed)

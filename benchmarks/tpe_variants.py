@@ -31,3 +31,13 @@ def potrep(seed: int) -> TPESampler:
 def startup5(seed: int) -> TPESampler:
     """Five start-up trials instead of ten: with a prior, the start-up draws already follow it."""
     return TPESampler(seed=seed, n_startup_trials=5)
+
+
+class _NoStartupQueue(TPESampler):
+    takes_startup_trials = False
+
+
+def no_startup_queue(seed: int) -> TPESampler:
+    """The default sampler without an optuna-quant study's start-up trials, as the GP
+    (``bench_samplers --live-queue``)."""
+    return _NoStartupQueue(seed=seed)

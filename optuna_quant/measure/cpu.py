@@ -58,11 +58,13 @@ class Int8Support:
         onnxruntime_version: ``onnxruntime.__version__``.
         providers: The execution providers of this onnxruntime build.
         instruction_sets: The flags of :data:`CPU_INT8_FLAGS` that this CPU has.
+        cpu_model: The CPU's model name as the kernel reports it (x86), else ``unknown``.
     """
 
     onnxruntime_version: str
     providers: tuple[str, ...]
     instruction_sets: tuple[str, ...]
+    cpu_model: str = "unknown"
 
     @property
     def dot_product(self) -> bool:
@@ -101,16 +103,20 @@ def int8_support(cpuinfo: str | Path | None = None) -> Int8Support:
     except OSError:
         text = ""
     flags: set[str] = set()
+    model = "unknown"
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):  # x86, ARM
             flags.update(value.split())
+        elif key.strip() == "model name":
+            model = value.strip()
     if cpuinfo is None:
         flags = confirmed_by_cpuid(flags, _numpy_cpu_features())
     return Int8Support(
         onnxruntime_version=ort.__version__,
         providers=tuple(ort.get_available_providers()),
         instruction_sets=tuple(flag for flag in CPU_INT8_FLAGS if flag in flags),
+        cpu_model=model,
     )
 
 

@@ -38,6 +38,10 @@ class InTurnSampler(BaseSampler, abc.ABC):
         TypeError: For a prior that is not a mapping of mappings.
     """
 
+    takes_startup_trials = True
+    """Whether an optuna-quant study queues its start-up trials for this sampler
+    (:func:`optuna_quant.trial.guidance.startup_trials`)."""
+
     def __init__(self, seed: int | None, prior: Prior | None, claim_wait_seconds: float) -> None:
         if not claim_wait_seconds >= 0:
             raise ValueError(f"claim_wait_seconds must not be negative, got {claim_wait_seconds!r}.")

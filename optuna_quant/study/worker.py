@@ -288,6 +288,9 @@ class Worker:
             frozen = self._tell(number, state=TrialState.PRUNED)
             _optuna_logger.info("Trial %d pruned. %s", number, err)
         except Exception as err:
+            if _interrupted(err):
+                self._requeue(number)
+                raise KeyboardInterrupt from err
             error = err
             frozen = self._tell(number, state=TrialState.FAIL)
             _optuna_logger.warning(
@@ -337,3 +340,16 @@ class Worker:
             postfix["time left"] = f"{max(0.0, self.deadline - time.monotonic()) / 60:.1f} min"
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.refresh()
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` was raised while a Ctrl-C was handled: a library's clean-up can replace the
+    ``KeyboardInterrupt`` (Optuna's journal lock unlinks a file that its interrupted rename never made)."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False

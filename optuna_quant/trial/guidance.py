@@ -14,7 +14,8 @@ choice of the space does to the model's outputs and what reverting each layer co
   (:mod:`optuna_quant.measure.interactions`); the same with only the layers whose int8 pays on
   its own in int8; then every layer int8 but the most harmful ones, reverted to fp32 one more at
   a time, in order of measured harm per time saved
-  (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`).
+  (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`); none for
+  a sampler that tries the prior's likeliest configurations itself (:func:`startup_trials`).
 
 :func:`prior_for_space` gives the prior of any search space, the study's own or one restricted to
 some of its parameters or choices.
@@ -273,7 +274,9 @@ class Guidance:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
         return prior_for_space(self, space.distributions(), targets)
 
-    def startup_params(self, space: SearchSpace, n: int, targets: Targets) -> list[dict[str, Any]]:
+    def startup_params(
+        self, distributions: Mapping[str, CategoricalDistribution], n: int, targets: Targets
+    ) -> list[dict[str, Any]]:
         """Up to ``n`` configurations to try first, each once: the base combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
         layers in fp32 (:func:`~optuna_quant.trial.scoring.interacting_pairs`, counted against
@@ -286,16 +289,17 @@ class Guidance:
         model when quantized alone; the fastest configuration then keeps such layers in fp32
         together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
 
-        Configurations equal to the space's default (the reference) are left out.
+        Configurations equal to the default of the space of ``distributions`` (the first
+        choice of each: the reference) are left out.
         """
-        default = space.default_params()
+        default = {name: dist.choices[0] for name, dist in distributions.items()}
         combination = base_combination(
             self.scope_errors, acc_loss=self.reference_acc_loss, accuracy_target=targets.acc_th
         )
         base = {**default, **combination["params"]}
         candidates = [base]
-        if "layer" in space.scopes:
-            units = space.units()
+        units = [name.removeprefix(LAYER_PREFIX) for name in distributions if name.startswith(LAYER_PREFIX)]
+        if units:
             # A pair that recovers together what neither does alone is one no single revert reaches.
             interacting = interacting_pairs(
                 self.layers,
@@ -444,9 +448,28 @@ def guide_study(
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
-        n = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
-        for params in guidance.startup_params(space, n, targets):
+        n = startup_trials(study.sampler, budget)
+        for params in guidance.startup_params(space.distributions(), n, targets):
             study.enqueue_trial(params, skip_if_exists=True)
+
+
+def startup_trials(sampler: optuna.samplers.BaseSampler, budget: int | None) -> int:
+    """How many start-up trials a study queues for ``sampler``: :data:`MAX_STARTUP_TRIALS`, one
+    per four trials of a ``budget``; none for a sampler whose ``takes_startup_trials`` is false.
+
+    optuna-quant's GP is one: its acquisition, weighted by the prior from its second trial, tries
+    the prior's likeliest configurations itself, and the queue only delays it (docs/benchmarks.md,
+    "The start-up queue"). Its TPE draws its first trials at random from the prior, and Optuna's
+    samplers know no prior: the queue gives them the configurations the measurement points at.
+
+    Example:
+        >>> from optuna_quant.samplers import DiscreteGPSampler, TPESampler
+        >>> startup_trials(TPESampler(), 40), startup_trials(TPESampler(), 9), startup_trials(DiscreteGPSampler(), 40)
+        (5, 2, 0)
+    """
+    if not getattr(sampler, "takes_startup_trials", True):
+        return 0
+    return MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
 
 
 def stored(study: optuna.Study) -> Guidance | None:

@@ -23,12 +23,16 @@ from benchmarks.bench_samplers import count_duplicates  # noqa: E402
 from benchmarks.bench_samplers import HYPEROPT_TPE  # noqa: E402
 from benchmarks.bench_samplers import main  # noqa: E402
 from benchmarks.bench_samplers import median_missing_worst  # noqa: E402
+from benchmarks.bench_samplers import PEERS  # noqa: E402
+from benchmarks.bench_samplers import resolve  # noqa: E402
 from benchmarks.bench_samplers import run_optuna  # noqa: E402
 from benchmarks.bench_samplers import run_task  # noqa: E402
 from benchmarks.bench_samplers import sensitivity_prior  # noqa: E402
 from benchmarks.bench_samplers import smallest_choice_count  # noqa: E402
 from benchmarks.bench_samplers import standin_prior  # noqa: E402
 from benchmarks.bench_samplers import summarise  # noqa: E402
+from benchmarks.bench_samplers import table_distributions  # noqa: E402
+from benchmarks.bench_samplers import table_guidance  # noqa: E402
 from benchmarks.bench_samplers import Task  # noqa: E402
 from benchmarks.bench_samplers import Trace  # noqa: E402
 from benchmarks.bench_samplers import trials_to_target  # noqa: E402
@@ -346,6 +350,31 @@ def test_prior_option_names_the_source(tmp_path: Path) -> None:
     # A table without the measurement fails before any study runs.
     with pytest.raises(ValueError, match="'synthetic_interactions' has no scope_errors or base_sensitivity"):
         main(["--samplers", "oq-gp", "--prior", "--tables", "synthetic_interactions", "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("spec, queued", [("oq-tpe", True), ("oq-gp", False)])
+def test_a_live_queue_replays_the_reference_and_the_start_up_trials_a_study_queues(spec: str, queued: bool) -> None:
+    table = Table.load(TABLES_DIR / "mobilenet8.json")
+    factory = resolve(PEERS[spec])
+    startup = table_guidance(table).startup_params(table_distributions(table), 5, table.target)
+    assert len(startup) == 5
+    trace = run_optuna(factory, table, 0, 21, constraints=True, prior="sensitivity", live_queue=True)  # room for 5
+    assert trace.keys[0] == table.key(table.reference)
+    assert (trace.keys[1:6] == [table.key(params) for params in startup]) == queued
+    # Without the prior there is nothing to queue but the reference.
+    assert run_optuna(factory, table, 0, 2, constraints=True, live_queue=True).keys[0] == table.key(table.reference)
+
+
+def test_a_live_queue_is_refused_for_hyperopt_and_kept_apart_from_other_runs(tmp_path: Path) -> None:
+    common = ["--tables", "dwsep", "--budget", "3", "--seeds", "1", "--plots-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="--live-queue queues trials in Optuna studies"):
+        main([*common, "--samplers", HYPEROPT_TPE, "--live-queue", "--out", str(tmp_path / "h.json")])
+    runs = [str(tmp_path / f"{name}.json") for name in ("plain", "live")]
+    main([*common, "--samplers", "oq-gp", "--out", runs[0]])
+    live = main([*common, "--samplers", "oq-gp", "--live-queue", "--out", runs[1]])
+    assert live["live_queue"] and live["tables"]["dwsep"]["samplers"]["oq-gp"]["seeds"] == 1
+    with pytest.raises(SystemExit, match="live_queue"):
+        main([*common, "--from-results", *runs, "--out", str(tmp_path / "mixed.json")])
 
 
 @pytest.mark.parametrize("name", ["dwsep", "mlp", "widecnn"])

@@ -30,15 +30,17 @@ VNNI = Int8Support("1.0", ("CPUExecutionProvider",), ("avx512_vnni", "avx2"))
 
 def test_int8_support_reads_the_cpu_flags(tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512bw avx512_vnni amx_int8\n\n"
-                       "processor\t: 1\nflags\t\t: fpu sse2 avx2 avx512bw avx512_vnni amx_int8\n")
+    cpu = "model name\t: Intel(R) Xeon(R) Platinum 8580\nflags\t\t: fpu sse2 avx2 avx512bw avx512_vnni amx_int8\n"
+    cpuinfo.write_text(f"processor\t: 0\n{cpu}\nprocessor\t: 1\n{cpu}")
     support = int8_support(cpuinfo)
     assert support.instruction_sets == ("amx_int8", "avx512_vnni", "avx512bw", "avx2")
+    assert support.cpu_model == "Intel(R) Xeon(R) Platinum 8580"
     assert support.dot_product
     assert "CPUExecutionProvider" in support.providers and support.onnxruntime_version == ort.__version__
     arm = tmp_path / "arm"
     arm.write_text("Features\t: fp asimd asimddp\n")
     assert int8_support(arm).instruction_sets == ("asimddp",) and int8_support(arm).dot_product
+    assert int8_support(arm).cpu_model == "unknown"
     assert int8_support(tmp_path / "missing").instruction_sets == ()
     assert "int8 instructions: none of amx_int8" in int8_support(tmp_path / "missing").describe()
 

@@ -115,7 +115,7 @@ def test_the_prior_finds_the_pair_within_five_trials(setting, sampler_class) -> 
 def test_the_pair_is_the_first_start_up_trial(setting) -> None:
     # Layers only: the all-int8 base is the reference, which is not queued again.
     space, guidance, _ = setting
-    first = guidance.startup_params(space, 5, TARGETS)[0]
+    first = guidance.startup_params(space.distributions(), 5, TARGETS)[0]
     assert {n for n in LAYERS if first[f"layer:{n}"] == "fp32"} == set(PAIR)
 
 

@@ -259,7 +259,7 @@ def _guidance(**alone_speedup: float | None) -> Guidance:
 
 
 def test_start_up_trials_come_from_both_ends() -> None:
-    space = SearchSpace(("conv1", "conv2", "fc"), scopes=frozenset({"layer", "granularity"}))
+    space = SearchSpace(("conv1", "conv2", "fc"), scopes=frozenset({"layer", "granularity"})).distributions()
     fp32 = lambda params: [n for n in ("conv1", "conv2", "fc") if params[f"layer:{n}"] == "fp32"]  # noqa: E731
     # Only fc pays alone: the second trial keeps conv1 and conv2 in fp32 together.
     first = _guidance(conv1=0.8, conv2=0.9, fc=1.1).startup_params(space, 5, oq.Targets())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 from conftest import assert_int8_layers
 import numpy as np
@@ -171,22 +172,34 @@ def test_warm_start_continues_to_total_and_cold_start_deletes(make_study) -> Non
 
 
 class _CtrlCInAsk(optuna.samplers.RandomSampler):
-    """Ctrl-C while Optuna asks for trial ``number``: the trial is RUNNING, the objective not started."""
+    """Ctrl-C while Optuna asks for trial ``number``: the trial is RUNNING, the objective not started.
 
-    def __init__(self, number: int) -> None:
+    With ``failing_clean_up``, a clean-up replaces the ``KeyboardInterrupt`` with its own error, as
+    Optuna's journal lock does when the Ctrl-C comes inside its release.
+    """
+
+    def __init__(self, number: int, failing_clean_up: bool) -> None:
         super().__init__(seed=0)
         self.number: int | None = number
+        self.failing_clean_up = failing_clean_up
 
     def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.number == self.number:
-            self.number = None
+        if trial.number != self.number:
+            return
+        self.number = None
+        try:
             raise KeyboardInterrupt
+        finally:
+            if self.failing_clean_up:
+                os.unlink("no-such-lock-file")
 
 
-def test_ctrl_c_while_optuna_asks_fails_the_trial_and_queues_it_again(make_study) -> None:
+@pytest.mark.parametrize("failing_clean_up", [False, True])
+def test_ctrl_c_while_optuna_asks_fails_the_trial_and_queues_it_again(make_study, failing_clean_up: bool) -> None:
     # Before, the trial stayed RUNNING with no heartbeat: nothing failed it, and a warm start
-    # waited on it for ever once the budget was used.
-    interrupted = make_study(sampler=_CtrlCInAsk(2))
+    # waited on it for ever once the budget was used. The clean-up's error once failed the trial
+    # for good, as if its configuration had failed.
+    interrupted = make_study(sampler=_CtrlCInAsk(2, failing_clean_up))
     with pytest.raises(KeyboardInterrupt):
         interrupted.optimize(n_trials=4)
     states = [t.state for t in interrupted.trials]
@@ -347,3 +360,14 @@ def test_a_worker_with_other_layer_groups_is_refused_naming_them(tmp_path, bert_
     oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="role", **kwargs)
     with pytest.raises(ValueError, match=r"another search space: parameter\(s\) .*'layer:block.0'.*layer_groups"):
         oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="block", trials_load_method="warm_start", **kwargs)
+
+
+@pytest.mark.parametrize("sampler, queued", [("tpe", [1, 2]), ("gp", [])])
+def test_start_up_trials_are_queued_for_the_tpe_and_not_for_the_gp(make_study, sampler, queued) -> None:
+    # The GP's acquisition, weighted by the prior, tries the start-up trials' configurations
+    # itself: queued before it, they cost trials (docs/benchmarks.md, "The start-up queue").
+    study = make_study(sampler=sampler, latency_reduce=100.0)  # never met: no stop before the budget
+    study.optimize(n_trials=9)  # room for two start-up trials, one per four after the reference
+    trials = study.study.trials
+    assert records.is_reference(trials[0]) and len(trials) == 9
+    assert [t.number for t in trials[1:] if "fixed_params" in t.system_attrs] == queued

@@ -135,6 +135,6 @@ def test_the_faster_kernels_lead_among_the_choices_the_accuracy_target_allows() 
     assert tied.prior(TARGETS, space)["granularity"] == {"per_channel": 0.9, "per_tensor": 0.9}
     assert missing.prior(TARGETS, space)["granularity"] == {"per_channel": 0.9, "per_tensor": 0.625}
     # The start-up trials start from the faster kernels where the target allows them.
-    assert timed.startup_params(space, 3, TARGETS)[0]["granularity"] == "per_tensor"
+    assert timed.startup_params(space.distributions(), 3, TARGETS)[0]["granularity"] == "per_tensor"
     for guidance in (tied, missing):
-        assert guidance.startup_params(space, 3, TARGETS)[0]["granularity"] == "per_channel"
+        assert guidance.startup_params(space.distributions(), 3, TARGETS)[0]["granularity"] == "per_channel"
