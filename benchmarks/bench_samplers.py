@@ -138,7 +138,7 @@ class Replay:
     @property
     def target_met(self) -> bool:
         """Whether the last recorded trial meets both targets."""
-        return bool(self.trace.keys) and self.table.target.met(self.trace.acc_loss[-1], self.trace.lat_diff[-1])
+        return bool(self.trace.keys) and self.table.met(self.table.row_at(self.trace.keys[-1]))
 
     def evaluate(self, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """Look a configuration up and record it; returns its row and POT's loss."""
@@ -277,7 +277,6 @@ def run_optuna(
     (with the ``sensitivity`` prior) the start-up trials that such a study queues for the sampler
     (``optuna_quant.trial.guidance.startup_trials``)."""
     replay = Replay(table)
-    target = table.target
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: trial.suggest_categorical(name, table.params[name]) for name in table.names}
@@ -286,7 +285,7 @@ def run_optuna(
             trial.set_user_attr("acc_loss", row["acc_loss"])
             trial.set_user_attr("lat_diff", row["lat_diff"])
             if constraints:
-                for name, value in target.constraints(row["acc_loss"], row["lat_diff"]).items():
+                for name, value in table.constraints(row).items():
                     trial.set_constraint(name, value)
         if stop_at_target and replay.target_met:
             trial.study.stop()
@@ -389,8 +388,8 @@ def run_task(task: Task) -> Trace:
 
 def trials_to_target(trace: Trace, table: Table, budget: int) -> int:
     """1-based index of the first trial meeting both targets; ``budget + 1`` if none does."""
-    for index, (acc_loss, lat_diff) in enumerate(zip(trace.acc_loss, trace.lat_diff), start=1):
-        if table.target.met(acc_loss, lat_diff):
+    for index, key in enumerate(trace.keys, start=1):
+        if table.met(table.row_at(key)):
             return index
     return budget + 1
 
@@ -407,12 +406,8 @@ def count_duplicates(keys: Sequence[Key], space_size: int) -> int:
 
 
 def best_feasible_lat_diff(trace: Trace, table: Table, n_trials: int) -> float | None:
-    """The best ``lat_diff`` within the accuracy target among the first ``n_trials`` trials."""
-    within = [
-        lat_diff
-        for acc_loss, lat_diff in zip(trace.acc_loss[:n_trials], trace.lat_diff[:n_trials])
-        if table.target.accuracy_met(acc_loss)
-    ]
+    """The best ``lat_diff`` of an int8 model within the accuracy target among the first ``n_trials`` trials."""
+    within = [row["lat_diff"] for row in map(table.row_at, trace.keys[:n_trials]) if table.usable(row)]
     return max(within, default=None)
 
 

@@ -12,6 +12,7 @@ root, after training the models::
     .venv/bin/python -m benchmarks.build_tables --tables widecnn --retarget   # targets only
     .venv/bin/python -m benchmarks.build_tables --layer-standin   # per-layer stand-in scores only
     .venv/bin/python -m benchmarks.build_tables --sensitivity-only   # the sensitivity only
+    .venv/bin/python -m benchmarks.build_tables --mark-quantized   # which rows run anything in int8
 
 To keep a table affordable, latency is measured once per latency-relevant configuration (the
 fallback set, granularity and mode: the range estimator only moves scales, not kernels) with
@@ -55,10 +56,11 @@ from benchmarks.table import Table  # noqa: E402
 from benchmarks.table import TABLES_DIR  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
 from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
+from optuna_quant.measure.int8_causes import quantizes_anything  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
-from optuna_quant.measure.latency import LatencyResult  # noqa: E402
 from optuna_quant.measure.loss import relative_accuracy_loss  # noqa: E402
 from optuna_quant.measure.loss import Targets  # noqa: E402
+from optuna_quant.measure.measurer import Measurement  # noqa: E402
 from optuna_quant.quantization.config import QuantConfig  # noqa: E402
 from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
 from optuna_quant.trial.guidance import all_int8  # noqa: E402
@@ -184,21 +186,24 @@ def measure_rows(
     """
     fp32_accuracy = objective.baseline()
     choices = {name: list(narrowed.get(name, dist.choices)) for name, dist in objective.space.distributions().items()}
-    latencies: dict[tuple[Any, ...], LatencyResult] = {}
+    measured: dict[tuple[Any, ...], Measurement] = {}
     rows = []
     start = time.perf_counter()
     for i, params in enumerate(configurations(choices), start=1):
         key = latency_key(params)
-        if key in latencies:
+        if key in measured:
             accuracy = objective.accuracy(params)
         else:
-            measurement = objective.measure(params)
-            accuracy, latencies[key] = measurement.accuracy, measurement.latency
+            measured[key] = objective.measure(params)
+            accuracy = measured[key].accuracy
         acc_loss = relative_accuracy_loss(fp32_accuracy, accuracy)
-        rows.append({"params": params, "accuracy": accuracy, "acc_loss": acc_loss, "lat_diff": latencies[key].lat_diff})
+        rows.append({
+            "params": params, "accuracy": accuracy, "acc_loss": acc_loss,
+            "lat_diff": measured[key].lat_diff, "quantized": measured[key].quantized,
+        })
         if i % log_every == 0:
             print(f"  {i} configurations, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    return rows, float(np.median([latency.fp32_ms for latency in latencies.values()]))
+    return rows, float(np.median([m.latency.fp32_ms for m in measured.values()]))
 
 
 def describe(spec: TableSpec, name: str, model: str, calibration: str) -> str:
@@ -357,6 +362,31 @@ def build(name: str) -> Table:
     return with_sensitivity(table.with_layer_standin(), measured)
 
 
+def with_quantized(table: Table, measured: Setup) -> Table:
+    """``table`` with each row's ``quantized``: whether its model runs anything in int8.
+
+    A row with a layer in int8 quantizes that layer; a row with every layer in fp32 is built (the
+    range estimator aside, once per combination) and its model read, since the nodes outside the
+    layer scope stay int8 on some tables and no node does on others.
+    """
+    objective = measured.objective
+    built: dict[tuple[Any, ...], bool] = {}
+
+    def quantized(params: Mapping[str, Any]) -> bool:
+        if any(params[LAYER_PREFIX + node] == "int8" for node in objective.space.nodes):
+            return True
+        key = latency_key(params)
+        if key not in built:
+            if "mode" in params:  # the tables' older space (table_config)
+                config = dataclasses.replace(table_config(objective, params), fallback=frozenset(objective.space.nodes))
+            else:
+                config = objective.space.to_config(params)
+            built[key] = quantizes_anything(objective.measurer.build(config))
+        return built[key]
+
+    return dataclasses.replace(table, rows=[{**row, "quantized": quantized(row["params"])} for row in table.rows])
+
+
 def retarget(name: str) -> Table:
     """An existing table with the targets of its spec: no measuring."""
     return dataclasses.replace(Table.load(TABLES_DIR / f"{name}.json"), targets=SPECS[name].targets)
@@ -367,6 +397,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
     parser.add_argument("--retarget", action="store_true", help="only rewrite the targets of existing tables")
+    parser.add_argument(
+        "--mark-quantized",
+        action="store_true",
+        help="only mark each row of existing tables with whether its model runs anything in int8",
+    )
     parser.add_argument(
         "--layer-standin",
         action="store_true",
@@ -392,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             table = with_sensitivity(Table.load(TABLES_DIR / f"{name}.json"), setup(name))
         elif args.retarget:
             table = retarget(name)
+        elif args.mark_quantized:
+            table = with_quantized(Table.load(TABLES_DIR / f"{name}.json"), setup(name))
         else:
             table = build(name)
         table.save(TABLES_DIR / f"{name}.json")

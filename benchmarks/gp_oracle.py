@@ -69,7 +69,7 @@ def oracle_gps(table: Table, rows: int = FIT_ROWS, seed: int = 0) -> list[FixedG
     """
     names = table.names
     X = np.array([[table.params[n].index(row["params"][n]) for n in names] for row in table.rows])
-    values = np.array([list(table.target.constraints(r["acc_loss"], r["lat_diff"]).values()) for r in table.rows])
+    values = np.array([list(table.constraints(r).values()) for r in table.rows])
     pick = np.random.RandomState(seed).choice(len(X), size=min(rows, len(X)), replace=False)
     n_choices = [len(table.params[n]) for n in names]
     gps = []

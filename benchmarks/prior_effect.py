@@ -5,10 +5,10 @@ run on the same table and seeds, and pools the seed sets: median trials to targe
 one-sided Mann-Whitney U test of "the prior needs more trials". A median worse with the prior is
 a chance reading unless the test says otherwise (``p`` below :data:`ALPHA`).
 
-Per table it also reads the configurations that keep every searched layer in fp32: where they
-score the same, they build one model (the other scopes' choices act on no layer), timed once per
-combination. Where the latency target lies between those readings, the timing's noise decides
-whether a configuration meets it, and so every sampler's trials to target::
+Per table it also reads the configurations that quantize nothing (rows marked ``quantized``
+false: every node in fp32, the fp32 model), timed once per combination of the other scopes. Where
+the latency target lies between those readings, the timing's noise would decide whether the fp32
+model meets it, had it not been ruled out of the targets (``Table.met``)::
 
     .venv/bin/python -m benchmarks.prior_effect --out benchmarks/results/prior_effect.json
 
@@ -30,7 +30,6 @@ from scipy.stats import mannwhitneyu
 from benchmarks.bench_samplers import RESULTS_DIR
 from benchmarks.table import Table
 from benchmarks.table import table_paths
-from optuna_quant.trial.space import LAYER_PREFIX
 
 
 ALPHA = 0.05
@@ -87,22 +86,19 @@ def compare(without: dict[int, int], with_prior: dict[int, int]) -> dict[str, An
 
 
 def fp32_reads(table: Table) -> dict[str, Any]:
-    """The ``lat_diff`` readings of the configurations that keep every searched layer in fp32,
-    where they score the same (one model), against the latency target: whether it lies between.
+    """The ``lat_diff`` readings of the configurations that quantize nothing (the fp32 model)
+    against the latency target: whether it lies between them.
 
     Example:
         >>> rows = [{"params": {"layer:a": layer, "g": g}, "acc_loss": 0.0 if layer == "fp32" else 0.02,
-        ...          "lat_diff": {"c": 0.997, "t": 1.002}[g] + (layer == "int8")}
+        ...          "lat_diff": {"c": 0.997, "t": 1.002}[g] + (layer == "int8"), "quantized": layer == "int8"}
         ...         for layer in ("int8", "fp32") for g in ("c", "t")]
         >>> table = Table(name="t", description="", params={"layer:a": ["int8", "fp32"], "g": ["c", "t"]},
         ...               targets={"accuracy_loss": 1.0, "latency_reduce": 1.0}, fp32={}, rows=rows)
         >>> fp32_reads(table)
         {'latency_reduce': 1.0, 'fp32_lat_diff': [0.997, 1.002], 'target_within_noise': True}
     """
-    layers = [name for name in table.names if name.startswith(LAYER_PREFIX)]
-    rows = [row for row in table.rows if layers and all(row["params"][n] == "fp32" for n in layers)]
-    one_model = len({row["acc_loss"] for row in rows}) == 1
-    reads = [row["lat_diff"] for row in rows] if one_model else []
+    reads = [row["lat_diff"] for row in table.rows if not row.get("quantized", True)]
     target = table.target.latency_reduce
     return {
         "latency_reduce": target,

@@ -9,10 +9,13 @@ sampler authors, so keep to it::
      "reference": {name: first choice},
      "targets": {"accuracy_loss": percent, "latency_reduce": float},
      "fp32": {"accuracy": float, "latency_ms": float},
-     "rows": [{"params": {...}, "accuracy": float, "acc_loss": float, "lat_diff": float}, ...]}
+     "rows": [{"params": {...}, "accuracy": float, "acc_loss": float, "lat_diff": float,
+               "quantized": bool}, ...]}
 
-``rows`` covers every configuration of the space. Optionally, per-layer measurements that a
-sampler may take as a prior::
+``rows`` covers every configuration of the space. Each row says whether its model runs anything
+in int8 (``"quantized"``; a row without it does): one that does not is the fp32 model, which
+meets no target, as in a study (``optuna_quant.measure.loss.Targets.met``). Optionally, per-layer
+measurements that a sampler may take as a prior::
 
      "layer_sensitivity_standin": {layer_param: {"acc_loss": float, "lat_diff": float}},
      "scope_errors": [{"params": {scope_param: choice}, "error": float, "lat_diff": float}, ...],
@@ -77,7 +80,8 @@ class Table:
         params: Choices of every parameter; the first choice is the default configuration's.
         targets: ``{"accuracy_loss": percent, "latency_reduce": float}``.
         fp32: ``{"accuracy": float, "latency_ms": float}`` of the fp32 model.
-        rows: One dict per configuration with ``params``, ``accuracy``, ``acc_loss``, ``lat_diff``.
+        rows: One dict per configuration with ``params``, ``accuracy``, ``acc_loss``, ``lat_diff``
+            and ``quantized`` (whether its model runs anything in int8; true where absent).
         layer_sensitivity_standin: Per layer parameter, ``acc_loss`` and ``lat_diff`` of the
             default configuration with that layer alone in fp32; ``None`` when not measured.
         scope_errors: The all-int8 output error of every combination of the other parameters.
@@ -179,16 +183,28 @@ class Table:
 
     def lookup(self, params: dict[str, Any]) -> dict[str, Any]:
         """The measured row of a configuration."""
-        return self._index[self.key(params)]
+        return self.row_at(self.key(params))
 
     def loss(self, params: dict[str, Any]) -> float:
         """POT's weighted loss of a configuration."""
         row = self.lookup(params)
         return weighted_loss(row["acc_loss"], row["lat_diff"], self.target, self.scaling)
 
+    def row_at(self, key: Key) -> dict[str, Any]:
+        """The measured row of the configuration with key ``key`` (:meth:`key`)."""
+        return self._index[key]
+
     def met(self, row: dict[str, Any]) -> bool:
-        """Whether a row meets both targets."""
-        return self.target.met(row["acc_loss"], row["lat_diff"])
+        """Whether a row meets both targets (one that quantizes nothing never does)."""
+        return self.target.met(row["acc_loss"], row["lat_diff"], row.get("quantized", True))
+
+    def usable(self, row: dict[str, Any]) -> bool:
+        """Whether a row is an int8 model within the accuracy target, whatever its speed."""
+        return row.get("quantized", True) and self.target.accuracy_met(row["acc_loss"])
+
+    def constraints(self, row: dict[str, Any]) -> dict[str, float]:
+        """Both targets as Optuna constraints of a row, as a study records them."""
+        return self.target.constraints(row["acc_loss"], row["lat_diff"], row.get("quantized", True))
 
     def with_layer_standin(self) -> Table:
         """This table with :attr:`layer_sensitivity_standin` read from its single-layer rows.
@@ -211,8 +227,8 @@ class Table:
 
     @cached_property
     def best_lat_diff(self) -> float | None:
-        """The highest ``lat_diff`` among configurations within the accuracy target."""
-        within = [r["lat_diff"] for r in self.rows if self.target.accuracy_met(r["acc_loss"])]
+        """The highest ``lat_diff`` among int8 configurations within the accuracy target."""
+        within = [r["lat_diff"] for r in self.rows if self.usable(r)]
         return max(within, default=None)
 
     @cached_property

@@ -35,6 +35,14 @@ NOT_THE_CAUSE = "(not the cause here)"
 """The start of a cause of :func:`slow_int8_causes` that this model and CPU do not have."""
 
 
+def quantizes_anything(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` runs anything in int8: a quantized kernel or a conversion to or from int8.
+
+    A configuration that keeps every quantizable node in fp32 builds the fp32 model again.
+    """
+    return any(node.op_type in INT8_KERNELS or node.op_type in _CONVERSIONS for node in model.graph.node)
+
+
 def slow_int8_causes(
     model: onnx.ModelProto,
     support: Int8Support,

@@ -87,34 +87,41 @@ class Targets:
         """Whether ``acc_loss`` is within the accuracy target."""
         return acc_loss <= self.acc_th
 
-    def met(self, acc_loss: float, lat_diff: float) -> bool:
-        """Whether both targets are met."""
-        return self.accuracy_met(acc_loss) and lat_diff >= self.lat_th
+    def met(self, acc_loss: float, lat_diff: float, quantized: bool = True) -> bool:
+        """Whether both targets are met; never by a model that quantizes nothing (the fp32 model),
+        whose ``lat_diff`` reads about 1 and would meet a ``latency_reduce`` of 1 by timing noise."""
+        return quantized and self.accuracy_met(acc_loss) and lat_diff >= self.lat_th
 
-    def constraints(self, acc_loss: float, lat_diff: float) -> dict[str, float]:
-        """Both targets as Optuna constraints, met where ``<= 0``.
+    def constraints(self, acc_loss: float, lat_diff: float, quantized: bool = True) -> dict[str, float]:
+        """Both targets as Optuna constraints, met where ``<= 0``; a model that quantizes nothing
+        counts as no int8 speed-up at all, so that no sampler takes the fp32 model as feasible.
 
         Example:
             >>> Targets(accuracy_loss=1.0, latency_reduce=2.0).constraints(0.005, 2.5)
             {'accuracy': -0.005, 'latency': -0.5}
+            >>> Targets(accuracy_loss=1.0, latency_reduce=1.0).constraints(0.0, 1.002, quantized=False)
+            {'accuracy': -0.01, 'latency': 1.0}
         """
-        return {"accuracy": acc_loss - self.acc_th, "latency": self.lat_th - lat_diff}
+        return {"accuracy": acc_loss - self.acc_th, "latency": self.lat_th - (lat_diff if quantized else 0.0)}
 
-    def missed(self, acc_loss: float, lat_diff: float) -> list[str]:
-        """Names of the targets that a result misses, in POT's order (accuracy first)."""
+    def missed(self, acc_loss: float, lat_diff: float, quantized: bool = True) -> list[str]:
+        """Names of the targets that a result misses, in POT's order (accuracy first); a model that
+        quantizes nothing misses the latency target (:meth:`met`)."""
         misses = []
         if not self.accuracy_met(acc_loss):
             misses.append("accuracy")
-        if lat_diff < self.lat_th:
+        if lat_diff < self.lat_th or not quantized:
             misses.append("latency")
         return misses
 
-    def shortfall(self, acc_loss: float, lat_diff: float) -> list[str]:
+    def shortfall(self, acc_loss: float, lat_diff: float, quantized: bool = True) -> list[str]:
         """What a result misses of each target and by how much, one phrase a missed target.
 
         Example:
             >>> Targets(accuracy_loss=1.0, latency_reduce=1.5).shortfall(0.0171, 1.21)
             ['accuracy missed by 0.71 points of acc_loss (1.71 % against the 1.00 % target)', 'latency missed: 1.21x against 1.50x']
+            >>> Targets(accuracy_loss=1.0, latency_reduce=1.0).shortfall(0.0, 1.002, quantized=False)
+            ['latency missed: the configuration quantizes nothing, it is the fp32 model']
         """
         phrases = []
         if not self.accuracy_met(acc_loss):
@@ -122,7 +129,9 @@ class Targets:
                 f"accuracy missed by {100 * (acc_loss - self.acc_th):.2f} points of acc_loss "
                 f"({100 * acc_loss:.2f} % against the {self.accuracy_loss:.2f} % target)"
             )
-        if lat_diff < self.lat_th:
+        if not quantized:
+            phrases.append("latency missed: the configuration quantizes nothing, it is the fp32 model")
+        elif lat_diff < self.lat_th:
             slower = ", slower than fp32" if lat_diff < 1 else ""
             phrases.append(f"latency missed: {lat_diff:.2f}x against {self.lat_th:.2f}x{slower}")
         return phrases
@@ -238,6 +247,7 @@ class Result:
     acc_loss: float
     lat_diff: float
     loss: float
+    quantized: bool = True
 
 
 def best_index(results: Sequence[Result], targets: Targets) -> int | None:
@@ -248,7 +258,8 @@ def best_index(results: Sequence[Result], targets: Targets) -> int | None:
     wins (the lowest ``acc_loss``; ties: the higher ``lat_diff``) among those a user could use
     instead of the fp32 model, the ones at least as fast (``lat_diff >= 1``), or among all when
     none is. POT took the lowest loss there, which a latency scale from a reference near fp32's
-    speed can hand to a fast model that lost most of its accuracy.
+    speed can hand to a fast model that lost most of its accuracy. A model that quantizes nothing
+    (the fp32 model) wins only when no result quantizes anything.
 
     Example:
         >>> t = Targets(accuracy_loss=1.0)
@@ -259,8 +270,9 @@ def best_index(results: Sequence[Result], targets: Targets) -> int | None:
     """
     if not results:
         return None
-    feasible = [i for i, r in enumerate(results) if targets.accuracy_met(r.acc_loss)]
+    pool = [i for i, r in enumerate(results) if r.quantized] or range(len(results))
+    feasible = [i for i in pool if targets.accuracy_met(results[i].acc_loss)]
     if feasible:
         return max(feasible, key=lambda i: (results[i].lat_diff, -results[i].acc_loss))
-    usable = [i for i, r in enumerate(results) if r.lat_diff >= 1] or range(len(results))
+    usable = [i for i in pool if results[i].lat_diff >= 1] or pool
     return min(usable, key=lambda i: (results[i].acc_loss, -results[i].lat_diff))

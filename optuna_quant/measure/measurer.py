@@ -27,6 +27,7 @@ from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import accepts_subset_size
 from optuna_quant.measure.evaluate import checked_score
 from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.measure.int8_causes import quantizes_anything
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import feed_shapes
 from optuna_quant.measure.latency import LatencyResult
@@ -54,6 +55,8 @@ class Measurement:
         quantize_seconds: Time to build the int8 model (calibration included, if any ran).
         eval_seconds: Time spent in ``eval_fn``.
         latency_seconds: Time spent timing.
+        quantized: Whether the model runs anything in int8; a configuration that keeps every
+            quantizable node in fp32 builds the fp32 model, which meets no target.
     """
 
     accuracy: float
@@ -62,6 +65,7 @@ class Measurement:
     quantize_seconds: float
     eval_seconds: float
     latency_seconds: float
+    quantized: bool = True
 
     @property
     def lat_diff(self) -> float:
@@ -83,6 +87,7 @@ class Measurement:
             "quantize_s": self.quantize_seconds,
             "eval_s": self.eval_seconds,
             "latency_s": self.latency_seconds,
+            "quantized": self.quantized,
         }
 
 
@@ -239,6 +244,7 @@ class Measurer:
             quantize_seconds=quantize_seconds + built - start,
             eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
+            quantized=quantizes_anything(int8_model),
         )
 
     def baseline(self) -> float:

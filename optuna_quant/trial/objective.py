@@ -220,7 +220,10 @@ class QuantizationObjective:
     def record(self, trial: optuna.Trial, measurement: Measurement, loss: float) -> None:
         """Record ``measurement`` and its loss on ``trial``."""
         attrs = {**measurement.user_attrs(), records.LOSS_KEY: loss}
-        records.record_result(trial, attrs, self.targets.constraints(measurement.acc_loss, measurement.lat_diff))
+        records.record_result(trial, attrs, self._constraints(measurement))
+
+    def _constraints(self, measurement: Measurement) -> dict[str, float]:
+        return self.targets.constraints(measurement.acc_loss, measurement.lat_diff, measurement.quantized)
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
         return self.run(trial)
@@ -276,7 +279,8 @@ class QuantizationObjective:
             measurement.lat_diff,
             (time.perf_counter() - self.started) / 60,
         )
-        self._log_end(seen, trial.number, total, Result(measurement.acc_loss, measurement.lat_diff, loss))
+        result = Result(measurement.acc_loss, measurement.lat_diff, loss, measurement.quantized)
+        self._log_end(seen, trial.number, total, result)
         return self.values(measurement.acc_loss, measurement.lat_diff, loss)
 
     def _learn(self, study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
@@ -330,7 +334,7 @@ class QuantizationObjective:
             self.space.distributions(),
             values if isinstance(values, list) else [values],
             {**measurement.user_attrs(), records.LOSS_KEY: loss},
-            self.targets.constraints(measurement.acc_loss, measurement.lat_diff),
+            self._constraints(measurement),
         )
 
     def _adopt(self, stored: tuple[float, LossScaling]) -> None:

@@ -65,6 +65,7 @@ ONNXRUNTIME_KEY = "onnxruntime"
 # them, in a layer below this one; the objective adds the loss.
 ACC_LOSS_KEY = "acc_loss"
 LAT_DIFF_KEY = "lat_diff"
+QUANTIZED_KEY = "quantized"
 ACCURACY_KEY = "accuracy"
 LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -300,6 +301,11 @@ def acc_loss(trial: FrozenTrial) -> float:
 def lat_diff(trial: FrozenTrial) -> float:
     """The speed-up against fp32 (``fp32_latency / int8_latency``) of a :func:`measured` trial."""
     return trial.user_attrs[LAT_DIFF_KEY]
+
+
+def quantized(trial: FrozenTrial) -> bool:
+    """Whether a :func:`measured` trial's model runs anything in int8 (trials of earlier versions did)."""
+    return bool(trial.user_attrs.get(QUANTIZED_KEY, True))
 
 
 def int8_accuracy(trial: FrozenTrial) -> float | None:

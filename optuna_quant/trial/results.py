@@ -43,7 +43,7 @@ def trial_loss(trial: FrozenTrial) -> float:
 
 def result_of(trial: FrozenTrial) -> Result:
     """What the best-result rule looks at in a recorded trial."""
-    return Result(records.acc_loss(trial), records.lat_diff(trial), trial_loss(trial))
+    return Result(records.acc_loss(trial), records.lat_diff(trial), trial_loss(trial), records.quantized(trial))
 
 
 def best_trial(trials: Sequence[FrozenTrial], targets: Targets) -> FrozenTrial | None:
@@ -84,15 +84,15 @@ class BestResult:
     @classmethod
     def from_trial(cls, trial: FrozenTrial, targets: Targets) -> BestResult:
         """The result that ``trial`` recorded."""
-        acc_loss, lat_diff = records.acc_loss(trial), records.lat_diff(trial)
+        acc_loss, lat_diff, quantized = records.acc_loss(trial), records.lat_diff(trial), records.quantized(trial)
         return cls(
             number=trial.number,
             params=dict(trial.params),
             acc_loss=acc_loss,
             lat_diff=lat_diff,
             loss=trial_loss(trial),
-            missed=tuple(targets.missed(acc_loss, lat_diff)),
-            shortfall=tuple(targets.shortfall(acc_loss, lat_diff)),
+            missed=tuple(targets.missed(acc_loss, lat_diff, quantized)),
+            shortfall=tuple(targets.shortfall(acc_loss, lat_diff, quantized)),
         )
 
     def configuration(self) -> str:

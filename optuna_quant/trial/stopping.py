@@ -28,11 +28,12 @@ from optuna_quant.trial import records
 
 
 def meets_targets(trial: FrozenTrial, targets: Targets) -> bool:
-    """Whether a completed trial's recorded ``acc_loss`` and ``lat_diff`` meet both targets."""
+    """Whether a completed trial's recorded ``acc_loss`` and ``lat_diff`` meet both targets (a
+    model that quantizes nothing never does: :meth:`~optuna_quant.measure.loss.Targets.met`)."""
     return (
         trial.state == TrialState.COMPLETE
         and records.measured(trial)
-        and targets.met(records.acc_loss(trial), records.lat_diff(trial))
+        and targets.met(records.acc_loss(trial), records.lat_diff(trial), records.quantized(trial))
     )
 
 

@@ -129,7 +129,7 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     )
     figure.update_xaxes(range=x_range)
     figure.update_yaxes(range=y_range)
-    met = [t for t in points if targets.met(records.acc_loss(t), records.lat_diff(t))]
+    met = [t for t in points if targets.met(records.acc_loss(t), records.lat_diff(t), records.quantized(t))]
     missed = [t for t in points if t not in met]
     figure.add_trace(_scatter(met, "both targets met", color=_MET, size=8))
     figure.add_trace(_scatter(missed, "a target missed", color=_MISSED, size=8))

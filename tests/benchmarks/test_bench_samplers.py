@@ -36,6 +36,8 @@ from benchmarks.bench_samplers import table_guidance  # noqa: E402
 from benchmarks.bench_samplers import Task  # noqa: E402
 from benchmarks.bench_samplers import Trace  # noqa: E402
 from benchmarks.bench_samplers import trials_to_target  # noqa: E402
+from benchmarks.build_tables import Setup  # noqa: E402
+from benchmarks.build_tables import with_quantized  # noqa: E402
 from benchmarks.synthetic import synthetic_table  # noqa: E402
 from benchmarks.table import configurations  # noqa: E402
 from benchmarks.table import Table  # noqa: E402
@@ -104,6 +106,17 @@ def test_trials_to_target(tiny: Table) -> None:
     assert best_feasible_lat_diff(trace, tiny, 2) == 1.2
     assert best_feasible_lat_diff(trace, tiny, 4) == 1.8
     assert best_feasible_lat_diff(trace, tiny, 1) is None
+
+
+def test_a_row_that_quantizes_nothing_meets_no_target(tiny: Table) -> None:
+    """The fp32 model within both targets, as a latency target of 1 lets timing noise make it."""
+    rows = [{**row, "quantized": row["params"] != {"a": "y", "b": "w"}} for row in tiny.rows]
+    table = dataclasses.replace(tiny, rows=rows)
+    trace = trace_of(table, [("x", "u"), ("y", "w"), ("x", "w")])
+    assert trials_to_target(trace, table, budget=3) == 3
+    assert best_feasible_lat_diff(trace, table, 2) is None and table.best_lat_diff == 1.6
+    assert table.feasible_fraction == pytest.approx(1 / 6)
+    assert table.constraints(table.lookup({"a": "y", "b": "w"}))["latency"] > 0  # infeasible to a sampler
 
 
 def test_duplicates_count_only_while_unseen_configurations_remain() -> None:
@@ -403,11 +416,9 @@ def test_committed_model_tables_carry_the_error_of_every_scope_combination(name:
     assert table.base_sensitivity["params"] == best["params"]
 
 
-def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -> None:
+def _cnn_setup(scopes: tuple[str, ...] | None = None) -> Setup:
+    """The tiny CNN as build_tables measures a table's model (every scope unless ``scopes``)."""
     from benchmarks.build_tables import BENCHMARK
-    from benchmarks.build_tables import Setup
-    from benchmarks.build_tables import table_config
-    from benchmarks.build_tables import with_sensitivity
     from examples.tiny_cnn import build_cnn
     from examples.tiny_cnn import calibration_data
     from examples.tiny_cnn import fp32_agreement
@@ -415,7 +426,18 @@ def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -
 
     model = build_cnn()
     calibration = calibration_data(model)
-    objective = QuantizationObjective(model, calibration, fp32_agreement(model), benchmark=BENCHMARK, fp32_accuracy=1.0)
+    objective = QuantizationObjective(
+        model, calibration, fp32_agreement(model), benchmark=BENCHMARK, fp32_accuracy=1.0, **({"scopes": scopes} if scopes else {})
+    )
+    return Setup(objective, calibration, "a tiny CNN")
+
+
+def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -> None:
+    from benchmarks.build_tables import table_config
+    from benchmarks.build_tables import with_sensitivity
+
+    setup = _cnn_setup()
+    objective = setup.objective
     # The tables' older space: one mode for activations and weights, every QDQ operator type.
     assert table_config(objective, {"range_estimator": "entropy", "granularity": "per_tensor", "mode": "asymmetric"}) == (
         QuantConfig(range_estimator="entropy", per_channel=False, activation_symmetric=False, weight_symmetric=False, op_types="qdq")
@@ -426,7 +448,7 @@ def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -
     rows = [{"params": c, "accuracy": 1.0, "acc_loss": 0.0, "lat_diff": 1.0} for c in configurations(params)]
     table = Table.from_rows(name="cnn", description="rows unused", params=params, rows=rows,
                             targets={"accuracy_loss": 1.0, "latency_reduce": 1.5}, fp32={"accuracy": 1.0, "latency_ms": 1.0})
-    measured = with_sensitivity(table, Setup(objective, calibration, "a tiny CNN"))
+    measured = with_sensitivity(table, setup)
     errors = measured.scope_errors
     assert len(errors) == 2 * 2 * 2 and len({round(e["error"], 12) for e in errors}) == 8  # each changes the model
     assert measured.base_sensitivity["params"] == min(errors, key=lambda e: e["error"])["params"]
@@ -435,3 +457,22 @@ def test_tables_sensitivity_is_measured_as_a_study_measures_it(tmp_path: Path) -
     assert all(LayerSensitivity.from_dict(s).revert_cost is not None for s in layers.values())
     measured.save(tmp_path / "cnn.json")
     assert Table.load(tmp_path / "cnn.json").base_sensitivity == measured.base_sensitivity
+
+
+GRANULARITY = {"granularity": ["per_channel", "per_tensor"]}
+
+
+@pytest.mark.parametrize("other_scopes", [GRANULARITY, {**GRANULARITY, "mode": ["symmetric", "asymmetric"]}])
+def test_rows_that_keep_every_node_in_fp32_are_marked_unquantized(other_scopes: dict[str, list[str]]) -> None:
+    """Read from the model each row builds, in today's space and in the tables' older one (``mode``)."""
+    setup = _cnn_setup(None if "mode" in other_scopes else ("layer", "range_estimator", "granularity"))
+    nodes = setup.objective.space.nodes
+    params = {**{f"layer:{n}": ["int8", "fp32"] for n in nodes}, "range_estimator": ["minmax"], **other_scopes}
+    rows = [{"params": c, "accuracy": 1.0, "acc_loss": 0.0, "lat_diff": 1.0} for c in configurations(params)]
+    table = Table.from_rows(name="cnn", description="rows unused", params=params, rows=rows,
+                            targets={"accuracy_loss": 1.0, "latency_reduce": 1.0}, fp32={"accuracy": 1.0, "latency_ms": 1.0})
+    marked = with_quantized(table, setup)
+    unquantized = [row["params"] for row in marked.rows if not row["quantized"]]
+    combinations = len(configurations(other_scopes))
+    assert len(unquantized) == combinations and all(row[f"layer:{n}"] == "fp32" for row in unquantized for n in nodes)
+    assert marked.feasible_fraction == pytest.approx(1 - combinations / len(rows))

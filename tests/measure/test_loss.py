@@ -133,6 +133,15 @@ def test_best_without_accuracy_is_the_closest_usable() -> None:
     assert best_index([Result(0.05, 0.9, 90.0), Result(0.03, 0.8, 92.0)], t) == 1
 
 
+def test_the_fp32_model_is_best_only_when_nothing_else_was_measured() -> None:
+    t = Targets(accuracy_loss=1.0, latency_reduce=1.0)
+    fp32_model = Result(0.0, 1.002, -1.0, quantized=False)  # within both, by timing noise
+    slower_int8 = Result(0.004, 0.93, 3.0)
+    assert best_index([fp32_model, slower_int8], t) == 1
+    assert best_index([fp32_model], t) == 0
+    assert not t.met(0.0, 1.002, quantized=False) and t.missed(0.0, 1.002, quantized=False) == ["latency"]
+
+
 def test_shortfall_says_by_how_much() -> None:
     t = Targets(accuracy_loss=1.0, latency_reduce=1.5)
     assert t.shortfall(0.0171, 1.21) == [

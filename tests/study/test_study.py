@@ -24,6 +24,8 @@ from optuna_quant.trial.records import SCALING_KEY
 from optuna_quant.trial.records import stored_sensitivity
 from optuna_quant.trial.records import WORKER
 from optuna_quant.trial.records import WORKER_KEY
+from optuna_quant.trial.space import LAYER_PREFIX
+from optuna_quant.trial.stopping import meets_targets
 from optuna_quant.trial.stopping import target_reached
 
 
@@ -99,6 +101,27 @@ def test_stop_on_target_stops_at_first_trial_meeting_both(make_study) -> None:
     assert len(finished) == 2  # the reference, then the first optimised trial meets both
     assert target_reached(study.trials, study.targets) == 1
     assert study.best_result.targets_met
+
+
+def test_a_configuration_that_quantizes_nothing_is_the_fp32_model_and_meets_no_target(make_study) -> None:
+    """Every layer in fp32 builds the fp32 model, whose lat_diff reads about 1: it would meet any
+    latency target up to 1 by timing noise, and the study would stop on a model with no int8."""
+    study = make_study(accuracy_loss=50.0, latency_reduce=0.05, stop_on_target=True)
+    space = study.objective.space
+    layers = [name for name in space.distributions() if name.startswith(LAYER_PREFIX)]
+    fp32_model = {**space.default_params(), **dict.fromkeys(layers, "fp32")}
+    study.enqueue_trial(fp32_model)  # enqueued trials come first, the reference after them
+    study.optimize(n_trials=5)
+    finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    fp32_trial = finished[0]
+    assert fp32_trial.params == fp32_model and fp32_trial.user_attrs["quantized"] is False
+    assert fp32_trial.user_attrs["acc_loss"] <= 0.5 and fp32_trial.user_attrs["lat_diff"] >= 0.05  # "within" both
+    assert not meets_targets(fp32_trial, study.targets)
+    assert fp32_trial.constraints["latency"] > 0  # infeasible to a sampler that reads constraints
+    # The reference (which quantizes everything) is the baseline; the next trial meets both.
+    assert len(finished) == 3 and finished[2].user_attrs["quantized"] is True
+    assert target_reached(study.trials, study.targets) == finished[2].number
+    assert study.best_result.number != fp32_trial.number and study.best_result.targets_met
 
 
 def test_stop_on_target_is_decided_from_the_trials_of_every_worker(make_study) -> None:

@@ -17,8 +17,10 @@ TARGETS = Targets(accuracy_loss=1.0, latency_reduce=1.5)
 
 
 def _trial(number: int, acc_loss: float | None = 0.005, lat_diff: float = 2.0, *, reference: bool = False,
-           state: TrialState = TrialState.COMPLETE) -> FrozenTrial:
+           state: TrialState = TrialState.COMPLETE, quantized: bool | None = None) -> FrozenTrial:
     attrs: dict[str, object] = {} if acc_loss is None else {"acc_loss": acc_loss, "lat_diff": lat_diff}
+    if quantized is not None:  # trials of earlier versions have no such attr
+        attrs["quantized"] = quantized
     if reference:
         attrs[REFERENCE_KEY] = True
     trial = optuna.trial.create_trial(
@@ -38,6 +40,8 @@ def _trial(number: int, acc_loss: float | None = 0.005, lat_diff: float = 2.0, *
         (_trial(0, acc_loss=None), False),  # completed without a measurement: a plain Optuna trial
         (_trial(0, state=TrialState.RUNNING), False),  # a measurement still being recorded
         (_trial(0, state=TrialState.PRUNED), False),
+        (_trial(0, quantized=True), True),
+        (_trial(0, quantized=False), False),  # the fp32 model: no int8 to deliver
     ],
 )
 def test_meets_targets_wants_a_completed_measurement_within_both(trial: FrozenTrial, met: bool) -> None:
