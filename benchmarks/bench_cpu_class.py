@@ -50,7 +50,7 @@ def study_figures(study: optuna.Study) -> dict[str, Any]:
     """The study's trials: the best (POT's rule), the first trial that meets both targets, and
     the int8 class of the workers that ran them."""
     trials = recorded(study.get_trials(deepcopy=False))
-    on_target = [t.number for t in trials if not TARGETS.missed(records.acc_loss(t), records.lat_diff(t))]
+    on_target = [t.number for t in trials if not TARGETS.missed(records.acc_loss(t), records.lat_diff(t), records.quantized(t))]
     best = best_trial(trials, TARGETS)
     return {
         "trials": len(trials),

@@ -108,8 +108,6 @@ class Trace:
     """What one study did, trial by trial."""
 
     keys: list[Key] = field(default_factory=list)
-    acc_loss: list[float] = field(default_factory=list)
-    lat_diff: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     sampler_seconds: float = 0.0
 
@@ -145,8 +143,6 @@ class Replay:
         row = self.table.lookup(params)
         loss = self.table.loss(params)
         self.trace.keys.append(self.table.key(params))
-        self.trace.acc_loss.append(row["acc_loss"])
-        self.trace.lat_diff.append(row["lat_diff"])
         self.trace.loss.append(loss)
         return row, loss
 

@@ -188,7 +188,7 @@ class Table:
     def loss(self, params: dict[str, Any]) -> float:
         """POT's weighted loss of a configuration."""
         row = self.lookup(params)
-        return weighted_loss(row["acc_loss"], row["lat_diff"], self.target, self.scaling)
+        return weighted_loss(row["acc_loss"], row["lat_diff"], self.target, self.scaling, row.get("quantized", True))
 
     def row_at(self, key: Key) -> dict[str, Any]:
         """The measured row of the configuration with key ``key`` (:meth:`key`)."""

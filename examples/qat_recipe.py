@@ -123,7 +123,7 @@ def finetune_qat(model: nn.Module, data: MnistSplit, epochs: int, seed: int) -> 
 
 
 def row(name: str, m: Measurement, study: oq.QuantStudy) -> str:
-    missed = study.targets.missed(m.acc_loss, m.lat_diff)
+    missed = study.targets.missed(m.acc_loss, m.lat_diff, m.quantized)
     verdict = "targets met" if not missed else "misses " + " and ".join(missed)
     return (
         f"{name:10s} accuracy {m.accuracy:.4f}  acc_loss {100 * m.acc_loss:5.2f} %  "

@@ -59,6 +59,7 @@ from benchmarks.real_models.workloads import build  # noqa: E402
 from benchmarks.real_models.workloads import LATENCY_TARGETS  # noqa: E402
 import optuna_quant  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 
 SETTINGS = BenchmarkSettings(threads=1, warmup=5, blocks=8, min_seconds=1.0)
@@ -117,6 +118,7 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             "acc_loss": t.user_attrs.get("acc_loss"),
             "lat_diff": t.user_attrs.get("lat_diff"),
             "spread": t.user_attrs.get("lat_diff_spread"),
+            "quantized": t.user_attrs.get("quantized"),
             "elapsed_s": t.datetime_complete.timestamp() - opened if t.datetime_complete else None,
             "params": t.params,
         }
@@ -202,9 +204,29 @@ def merge(into: Path, sources: Sequence[Path]) -> dict[str, Any]:
     return report
 
 
+def quantized(trial: dict[str, Any]) -> bool:
+    """Whether a trial's model runs anything in int8 (``optuna_quant.measure.loss.Targets.met``).
+
+    Recorded by the study since it records it; in older reports read from the layer parameters:
+    every workload's layer scope holds every quantizable node, so all of them in fp32 is the fp32
+    model.
+
+    Example:
+        >>> quantized({"params": {"layer:a": "fp32", "layer:b": "fp32"}}), quantized({"params": {"layer:a": "int8"}})
+        (False, True)
+    """
+    if trial.get("quantized") is not None:
+        return bool(trial["quantized"])
+    layers = [value for name, value in trial.get("params", {}).items() if name.startswith(LAYER_PREFIX)]
+    return not layers or "int8" in layers
+
+
 def within_target(trials: Sequence[dict[str, Any]], acc_th: float) -> list[dict[str, Any]]:
-    """The completed trials whose ``acc_loss`` meets ``acc_th``."""
-    return [t for t in trials if t["state"] == "COMPLETE" and t["acc_loss"] is not None and t["acc_loss"] <= acc_th]
+    """The completed trials of an int8 model whose ``acc_loss`` meets ``acc_th``."""
+    return [
+        t for t in trials
+        if t["state"] == "COMPLETE" and t["acc_loss"] is not None and t["acc_loss"] <= acc_th and quantized(t)
+    ]
 
 
 def best_within(trials: Sequence[dict[str, Any]], acc_th: float, n_trials: int) -> float | None:

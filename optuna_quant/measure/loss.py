@@ -221,11 +221,14 @@ class LossScaling:
         return cls(**{key: float(data[key]) for key in cls.__dataclass_fields__})
 
 
-def weighted_loss(acc_loss: float, lat_diff: float, targets: Targets, scaling: LossScaling) -> float:
+def weighted_loss(
+    acc_loss: float, lat_diff: float, targets: Targets, scaling: LossScaling, quantized: bool = True
+) -> float:
     """POT's weighted loss of one result; minimise it.
 
     The accuracy term counts only while the accuracy target is missed, so that among the models
-    that keep their accuracy the fastest wins.
+    that keep their accuracy the fastest wins. A model that quantizes nothing misses the latency
+    target (:meth:`Targets.met`) and takes its penalty.
     """
     missed_accuracy = not targets.accuracy_met(acc_loss)
     w_a = targets.accuracy_weight if missed_accuracy else 0.0
@@ -235,7 +238,7 @@ def weighted_loss(acc_loss: float, lat_diff: float, targets: Targets, scaling: L
     loss += targets.latency_weight * scaling.lat_scale * (latency_term(lat_diff) - scaling.lat_min)
     if missed_accuracy:
         loss += 80.0
-    elif lat_diff < targets.lat_th:
+    elif lat_diff < targets.lat_th or not quantized:
         loss += 40.0
     return loss
 

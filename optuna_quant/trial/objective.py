@@ -211,7 +211,9 @@ class QuantizationObjective:
         """POT's weighted loss of ``measurement`` under the study's scaling."""
         if self.scaling is None:
             raise RuntimeError("The loss scaling is not set yet: the reference trial has not run.")
-        return weighted_loss(measurement.acc_loss, measurement.lat_diff, self.targets, self.scaling)
+        return weighted_loss(
+            measurement.acc_loss, measurement.lat_diff, self.targets, self.scaling, measurement.quantized
+        )
 
     def values(self, acc_loss: float, lat_diff: float, loss: float) -> float | list[float]:
         """The objective value(s) of a result: POT's loss, or ``[acc_loss, lat_diff]`` in Pareto mode."""

@@ -84,8 +84,6 @@ def trace_of(table: Table, configs: list[tuple[str, str]]) -> Trace:
     for a, b in configs:
         row = table.lookup({"a": a, "b": b})
         trace.keys.append((a, b))
-        trace.acc_loss.append(row["acc_loss"])
-        trace.lat_diff.append(row["lat_diff"])
         trace.loss.append(table.loss(row["params"]))
     return trace
 

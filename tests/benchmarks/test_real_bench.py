@@ -172,8 +172,18 @@ def test_layer_counts_tell_quantized_from_fp32_layers() -> None:
     assert layer_counts(model) == {"int8_layers": 1, "fp32_layers": 1}
 
 
-def _trial(number: int, acc_loss: float, lat_diff: float, elapsed: float) -> dict:
-    return {"number": number, "state": "COMPLETE", "acc_loss": acc_loss, "lat_diff": lat_diff, "elapsed_s": elapsed}
+def _trial(number: int, acc_loss: float, lat_diff: float, elapsed: float, **params: str) -> dict:
+    trial = {"number": number, "state": "COMPLETE", "acc_loss": acc_loss, "lat_diff": lat_diff, "elapsed_s": elapsed}
+    return {**trial, "params": params} if params else trial
+
+
+def test_a_trial_of_the_fp32_model_meets_no_target() -> None:
+    """Every layer in fp32 is the fp32 model (reports before the study recorded ``quantized``)."""
+    fp32 = {"layer:a": "fp32", "layer:b": "fp32"}
+    trials = [_trial(0, 0.0, 1.01, 1.0, **fp32), _trial(1, 0.004, 1.02, 2.0, **{**fp32, "layer:b": "int8"})]
+    assert run.first_hit(trials, 0.01, 1.0)["number"] == 1 and run.best_within(trials, 0.01, 1) is None
+    recorded = [{**trials[0], "params": {"layer:a": "int8"}, "quantized": False}, {**trials[1], "quantized": True}]
+    assert run.first_hit(recorded, 0.01, 1.0)["number"] == 1
 
 
 def _report() -> dict:

@@ -140,6 +140,8 @@ def test_the_fp32_model_is_best_only_when_nothing_else_was_measured() -> None:
     assert best_index([fp32_model, slower_int8], t) == 1
     assert best_index([fp32_model], t) == 0
     assert not t.met(0.0, 1.002, quantized=False) and t.missed(0.0, 1.002, quantized=False) == ["latency"]
+    scaling = LossScaling.from_reference(0.02, 1.2, t)
+    assert weighted_loss(0.0, 1.002, t, scaling, quantized=False) == weighted_loss(0.0, 1.002, t, scaling) + 40.0
 
 
 def test_shortfall_says_by_how_much() -> None:
