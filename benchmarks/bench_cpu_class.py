@@ -39,6 +39,7 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import recorded
+from optuna_quant.trial.stopping import meets_targets
 
 
 RESULTS = Path(__file__).parent / "results" / "cpu_classes.json"
@@ -50,7 +51,7 @@ def study_figures(study: optuna.Study) -> dict[str, Any]:
     """The study's trials: the best (POT's rule), the first trial that meets both targets, and
     the int8 class of the workers that ran them."""
     trials = recorded(study.get_trials(deepcopy=False))
-    on_target = [t.number for t in trials if not TARGETS.missed(records.acc_loss(t), records.lat_diff(t), records.quantized(t))]
+    on_target = [t.number for t in trials if meets_targets(t, TARGETS)]
     best = best_trial(trials, TARGETS)
     return {
         "trials": len(trials),

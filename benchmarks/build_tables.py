@@ -381,7 +381,7 @@ def with_quantized(table: Table, measured: Setup) -> Table:
                 config = dataclasses.replace(table_config(objective, params), fallback=frozenset(objective.space.nodes))
             else:
                 config = objective.space.to_config(params)
-            built[key] = quantizes_anything(objective.measurer.build(config))
+            built[key] = quantizes_anything(objective.measurer.build(config), objective.measurer.prepared.prepared)
         return built[key]
 
     return dataclasses.replace(table, rows=[{**row, "quantized": quantized(row["params"])} for row in table.rows])

@@ -24,10 +24,21 @@ def prior_strength_3(seed: int) -> DiscreteGPSampler:
 
 
 class _StartupQueued(DiscreteGPSampler):
-    takes_startup_trials = True
+    max_startup_trials = None
 
 
 def startup_queue(seed: int) -> DiscreteGPSampler:
-    """The default sampler with an optuna-quant study's start-up trials queued before it, as the
-    TPE gets them (``bench_samplers --live-queue``)."""
+    """The default sampler with the whole of an optuna-quant study's start-up queue before it, as
+    the TPE gets it (``bench_samplers --live-queue``)."""
     return _StartupQueued(seed=seed)
+
+
+class _BaseStartup(DiscreteGPSampler):
+    max_startup_trials = 1
+
+
+def base_startup(seed: int) -> DiscreteGPSampler:
+    """The default sampler with the first of an optuna-quant study's start-up trials queued
+    before it: the base combination of the other scopes with every layer int8
+    (``bench_samplers --live-queue``)."""
+    return _BaseStartup(seed=seed)

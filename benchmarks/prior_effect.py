@@ -28,6 +28,7 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from benchmarks.bench_samplers import RESULTS_DIR
+from benchmarks.table import quantized
 from benchmarks.table import Table
 from benchmarks.table import table_paths
 
@@ -98,7 +99,7 @@ def fp32_reads(table: Table) -> dict[str, Any]:
         >>> fp32_reads(table)
         {'latency_reduce': 1.0, 'fp32_lat_diff': [0.997, 1.002], 'target_within_noise': True}
     """
-    reads = [row["lat_diff"] for row in table.rows if not row.get("quantized", True)]
+    reads = [row["lat_diff"] for row in table.rows if not quantized(row)]
     target = table.target.latency_reduce
     return {
         "latency_reduce": target,

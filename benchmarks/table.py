@@ -70,6 +70,11 @@ TABLES_DIR = Path(__file__).resolve().parent / "tables"
 Key = tuple[Any, ...]
 
 
+def quantized(row: dict[str, Any]) -> bool:
+    """Whether a row's model runs anything in int8; rows measured before tables recorded it did."""
+    return bool(row.get("quantized", True))
+
+
 @dataclass(frozen=True)
 class Table:
     """One measured search space.
@@ -188,7 +193,7 @@ class Table:
     def loss(self, params: dict[str, Any]) -> float:
         """POT's weighted loss of a configuration."""
         row = self.lookup(params)
-        return weighted_loss(row["acc_loss"], row["lat_diff"], self.target, self.scaling, row.get("quantized", True))
+        return weighted_loss(row["acc_loss"], row["lat_diff"], self.target, self.scaling, quantized(row))
 
     def row_at(self, key: Key) -> dict[str, Any]:
         """The measured row of the configuration with key ``key`` (:meth:`key`)."""
@@ -196,15 +201,15 @@ class Table:
 
     def met(self, row: dict[str, Any]) -> bool:
         """Whether a row meets both targets (one that quantizes nothing never does)."""
-        return self.target.met(row["acc_loss"], row["lat_diff"], row.get("quantized", True))
+        return self.target.met(row["acc_loss"], row["lat_diff"], quantized(row))
 
     def usable(self, row: dict[str, Any]) -> bool:
         """Whether a row is an int8 model within the accuracy target, whatever its speed."""
-        return row.get("quantized", True) and self.target.accuracy_met(row["acc_loss"])
+        return quantized(row) and self.target.accuracy_met(row["acc_loss"])
 
     def constraints(self, row: dict[str, Any]) -> dict[str, float]:
         """Both targets as Optuna constraints of a row, as a study records them."""
-        return self.target.constraints(row["acc_loss"], row["lat_diff"], row.get("quantized", True))
+        return self.target.constraints(row["acc_loss"], row["lat_diff"], quantized(row))
 
     def with_layer_standin(self) -> Table:
         """This table with :attr:`layer_sensitivity_standin` read from its single-layer rows.

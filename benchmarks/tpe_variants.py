@@ -34,7 +34,7 @@ def startup5(seed: int) -> TPESampler:
 
 
 class _NoStartupQueue(TPESampler):
-    takes_startup_trials = False
+    max_startup_trials = 0
 
 
 def no_startup_queue(seed: int) -> TPESampler:

@@ -244,7 +244,7 @@ class Measurer:
             quantize_seconds=quantize_seconds + built - start,
             eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
-            quantized=quantizes_anything(int8_model),
+            quantized=quantizes_anything(int8_model, self.prepared.prepared),
         )
 
     def baseline(self) -> float:

@@ -38,9 +38,9 @@ class InTurnSampler(BaseSampler, abc.ABC):
         TypeError: For a prior that is not a mapping of mappings.
     """
 
-    takes_startup_trials = True
-    """Whether an optuna-quant study queues its start-up trials for this sampler
-    (:func:`optuna_quant.trial.guidance.startup_trials`)."""
+    max_startup_trials: int | None = None
+    """The most start-up trials an optuna-quant study queues for this sampler, ``None`` for as
+    many as it queues (:func:`optuna_quant.trial.guidance.startup_trials`)."""
 
     def __init__(self, seed: int | None, prior: Prior | None, claim_wait_seconds: float) -> None:
         if not claim_wait_seconds >= 0:

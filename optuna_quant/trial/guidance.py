@@ -455,21 +455,22 @@ def guide_study(
 
 def startup_trials(sampler: optuna.samplers.BaseSampler, budget: int | None) -> int:
     """How many start-up trials a study queues for ``sampler``: :data:`MAX_STARTUP_TRIALS`, one
-    per four trials of a ``budget``; none for a sampler whose ``takes_startup_trials`` is false.
+    per four trials of a ``budget``, at most the sampler's ``max_startup_trials``.
 
-    optuna-quant's GP is one: its acquisition, weighted by the prior from its second trial, tries
-    the prior's likeliest configurations itself, and the queue only delays it (docs/benchmarks.md,
-    "The start-up queue"). Its TPE draws its first trials at random from the prior, and Optuna's
-    samplers know no prior: the queue gives them the configurations the measurement points at.
+    optuna-quant's GP takes none: weighted by the prior, its acquisition tries the prior's
+    likeliest configurations itself, and the queue, even its first trial alone, only delays it
+    (docs/benchmarks.md, "The start-up queue"). Its TPE draws its first trials at random from the
+    prior, and Optuna's samplers know no prior: the queue gives them the configurations the
+    measurement points at.
 
     Example:
         >>> from optuna_quant.samplers import DiscreteGPSampler, TPESampler
         >>> startup_trials(TPESampler(), 40), startup_trials(TPESampler(), 9), startup_trials(DiscreteGPSampler(), 40)
         (5, 2, 0)
     """
-    if not getattr(sampler, "takes_startup_trials", True):
-        return 0
-    return MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
+    queued = MAX_STARTUP_TRIALS if budget is None else min(MAX_STARTUP_TRIALS, (budget - 1) // 4)
+    most = getattr(sampler, "max_startup_trials", None)
+    return queued if most is None else min(queued, most)
 
 
 def stored(study: optuna.Study) -> Guidance | None:

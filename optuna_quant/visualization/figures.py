@@ -34,11 +34,13 @@ from optuna_quant.measure.loss import Targets
 from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import recorded
+from optuna_quant.trial.stopping import meets_targets
 
 
 ACC_LOSS_LABEL = "acc_loss (relative accuracy loss against fp32)"
 LAT_DIFF_LABEL = "lat_diff (fp32 latency / int8 latency, x)"
 _MET, _MISSED, _BEST, _TARGET = "#2ca02c", "#9a9a9a", "#d62728", "rgba(44, 160, 44, 0.12)"
+_FP32 = "#1f3b73"
 # No template: Plotly's default one adds about 8 kB to every stored figure, and optuna-dashboard
 # stores figures in 2 kB study attrs, written after every trial.
 # The top margin keeps titles clear of the dashboard's tool bar.
@@ -129,7 +131,7 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     )
     figure.update_xaxes(range=x_range)
     figure.update_yaxes(range=y_range)
-    met = [t for t in points if targets.met(records.acc_loss(t), records.lat_diff(t), records.quantized(t))]
+    met = [t for t in points if meets_targets(t, targets)]
     missed = [t for t in points if t not in met]
     figure.add_trace(_scatter(met, "both targets met", color=_MET, size=8))
     figure.add_trace(_scatter(missed, "a target missed", color=_MISSED, size=8))
@@ -195,10 +197,12 @@ def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure
         yaxis=dict(title=dict(text=LAT_DIFF_LABEL)),
         **_LAYOUT,
     ))
-    within = [t for t in points if targets.accuracy_met(records.acc_loss(t))]
-    outside = [t for t in points if t not in within]
+    fp32 = [t for t in points if not records.quantized(t)]
+    within = [t for t in points if t not in fp32 and targets.accuracy_met(records.acc_loss(t))]
+    outside = [t for t in points if t not in fp32 and t not in within]
     for trials, name, color in ((within, "within the accuracy target", _MET),
-                                (outside, "accuracy target missed", _MISSED)):
+                                (outside, "accuracy target missed", _MISSED),
+                                (fp32, "the fp32 model (quantizes nothing)", _FP32)):
         figure.add_trace(go.Scatter(
             x=[t.number for t in trials], y=_round([records.lat_diff(t) for t in trials]), mode="markers",
             name=name, marker=dict(color=color, size=8), customdata=[t.number for t in trials],

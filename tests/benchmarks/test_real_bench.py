@@ -295,21 +295,25 @@ def _configured(params: dict, acc_loss: float, lat_diff: float) -> dict:
     return {"number": 0, "state": "COMPLETE", "acc_loss": acc_loss, "lat_diff": lat_diff, "params": params}
 
 
-def test_side_by_side_re_times_the_configuration_with_the_best_median_that_always_meets_the_target() -> None:
-    from benchmarks.real_models.side_by_side import best_configuration
+def test_side_by_side_ranks_the_configurations_by_median_among_those_that_always_meet_the_target() -> None:
+    from benchmarks.real_models.side_by_side import top_configurations
 
-    fast, steady, unsafe = {"x": "fast"}, {"x": "steady"}, {"x": "unsafe"}
+    fast, steady, slow, unsafe, fp32 = ({"x": name} for name in ("fast", "steady", "slow", "unsafe", "fp32"))
     runs = [
         # "fast" reads 1.9 once and 1.3 twice; "steady" 1.5 three times; "unsafe" is faster but missed once.
         {"trials": [_configured(fast, 0.0, 1.9), _configured(steady, 0.0, 1.5), _configured(unsafe, 0.0, 2.5)]},
         {"trials": [_configured(fast, 0.0, 1.3), _configured(steady, 0.0, 1.5), _configured(unsafe, 0.02, 2.5)]},
-        {"trials": [_configured(fast, 0.0, 1.3), _configured(steady, 0.001, 1.5)]},
+        {"trials": [_configured(fast, 0.0, 1.3), _configured(steady, 0.001, 1.5), _configured(slow, 0.0, 1.1)]},
+        # The fp32 model within timing noise of the others: no int8 configuration to re-time.
+        {"trials": [{**_configured(fp32, 0.0, 1.6), "quantized": False}]},
         {"acc_loss": 0.0, "lat_diff": 3.0},  # a baseline: not a study configuration
     ]
     report = {"model": "m", "accuracy_loss": 1.0, "runs": runs}
-    assert best_configuration(report) == (steady, 1.5)
-    with pytest.raises(ValueError, match="No study trial of the m report meets"):
-        best_configuration({**report, "runs": [{"trials": [_configured(unsafe, 0.02, 2.5)]}]})
+    assert top_configurations(report, 1) == [(steady, 1.5)]
+    assert top_configurations(report, 5) == [(steady, 1.5), (fast, 1.3), (slow, 1.1)]
+    for runs in ([{"trials": [_configured(unsafe, 0.02, 2.5)]}], runs[3:]):
+        with pytest.raises(ValueError, match="No study trial of the m report meets .* quantizes something"):
+            top_configurations({**report, "runs": runs}, 3)
 
 
 @needs("silero_vad", tool="espeak-ng")
@@ -336,3 +340,8 @@ def test_side_by_side_builds_a_study_configuration_and_measures_every_model_each
     assert all(len(row["lat_diffs"]) == 2 and np.isfinite(row["acc_loss"]) for row in result.values())
     assert (result["reference"]["int8_layers"], result["all fp32"]["int8_layers"]) == (6, 0)
     assert result["all fp32"]["acc_loss"] == 0.0  # the layers in fp32 are the fp32 model's
+    # The pick among candidates: the best median of rounds of their own, every candidate's readings kept.
+    chosen, readings = side_by_side.pick(workload, {"reference": reference, "ort_default": int8}, rounds=2)
+    assert sorted(readings) == ["ort_default", "reference"] and all(len(r["lat_diffs"]) == 2 for r in readings.values())
+    assert readings[chosen]["lat_diff"] == max(r["lat_diff"] for r in readings.values())
+    assert side_by_side.pick(workload, {"reference": reference}, rounds=2) == ("reference", {})

@@ -18,6 +18,7 @@ from examples.tiny_cnn import build_cnn
 import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.latency import RETIMES
+from optuna_quant.samplers import TPESampler
 from optuna_quant.trial import records
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
 from optuna_quant.trial.records import SCALING_KEY
@@ -385,10 +386,16 @@ def test_a_worker_with_other_layer_groups_is_refused_naming_them(tmp_path, bert_
         oq.create_study(str(bert_path), bert_feeds, bert_agreement, layer_groups="block", trials_load_method="warm_start", **kwargs)
 
 
-@pytest.mark.parametrize("sampler, queued", [("tpe", [1, 2]), ("gp", [])])
+class _OneStartupTrial(TPESampler):
+    max_startup_trials = 1
+
+
+@pytest.mark.parametrize("sampler, queued", [("tpe", [1, 2]), ("gp", []), (_OneStartupTrial, [1])])
 def test_start_up_trials_are_queued_for_the_tpe_and_not_for_the_gp(make_study, sampler, queued) -> None:
     # The GP's acquisition, weighted by the prior, tries the start-up trials' configurations
     # itself: queued before it, they cost trials (docs/benchmarks.md, "The start-up queue").
+    # A sampler's max_startup_trials caps the queue.
+    sampler = sampler if isinstance(sampler, str) else sampler(seed=0)
     study = make_study(sampler=sampler, latency_reduce=100.0)  # never met: no stop before the budget
     study.optimize(n_trials=9)  # room for two start-up trials, one per four after the reference
     trials = study.study.trials

@@ -11,6 +11,7 @@ import pytest
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.records import SENSITIVITY_KEY
 from optuna_quant.trial.results import best_trial
+from optuna_quant.visualization.figures import history_figure
 from optuna_quant.visualization.figures import running_best
 from optuna_quant.visualization.report import render_report
 from optuna_quant.visualization.report import write_report
@@ -59,6 +60,25 @@ def test_running_best_is_the_best_of_every_prefix() -> None:
     targets = Targets(accuracy_loss=1.0)
     expected = [best_trial(trials[: i + 1], targets) for i in range(len(trials))]
     assert [t.number for t in running_best(trials, targets)] == [t.number for t in expected]
+
+
+def test_the_history_shows_the_fp32_model_apart_from_the_int8_models_within_accuracy() -> None:
+    def trial(number: int, acc_loss: float, lat_diff: float, quantized: bool) -> optuna.trial.FrozenTrial:
+        made = optuna.trial.create_trial(
+            value=0.0, user_attrs={"acc_loss": acc_loss, "lat_diff": lat_diff, "quantized": quantized}
+        )
+        made.number = number
+        return made
+
+    # The fp32 model reads no accuracy loss and a lat_diff at the target: no int8 result to draw as met.
+    points = [trial(0, 0.02, 1.5, True), trial(1, 0.0, 1.0, False), trial(2, 0.005, 1.2, True)]
+    figure = history_figure(points, Targets(accuracy_loss=1.0, latency_reduce=1.0))
+    drawn = {scatter.name: list(scatter.x) for scatter in figure.data if scatter.mode == "markers"}
+    assert drawn == {
+        "within the accuracy target": [2],
+        "accuracy target missed": [0],
+        "the fp32 model (quantizes nothing)": [1],
+    }
 
 
 def test_report_shows_the_sensitivity_the_study_holds(tmp_path, make_study) -> None:

@@ -102,7 +102,7 @@ class DiscreteGPSampler(InTurnSampler):
             outside [0, 1).
     """
 
-    takes_startup_trials = False
+    max_startup_trials: int | None = 0
     """An optuna-quant study queues no start-up trials for it: weighted by the prior, its
     acquisition tries the prior's likeliest configurations itself
     (:func:`optuna_quant.trial.guidance.startup_trials`)."""
