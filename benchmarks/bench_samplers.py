@@ -80,7 +80,7 @@ from optuna_quant.measure.interactions import PairRecovery  # noqa: E402
 from optuna_quant.measure.sensitivity import LayerSensitivity  # noqa: E402
 from optuna_quant.trial.guidance import Guidance  # noqa: E402
 from optuna_quant.trial.guidance import prior_for_space  # noqa: E402
-from optuna_quant.trial.guidance import startup_trials  # noqa: E402
+from optuna_quant.trial.guidance import queued_params  # noqa: E402
 from optuna_quant.trial.scoring import layer_scores  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
@@ -271,7 +271,8 @@ def run_optuna(
 
     With ``live_queue`` the study starts as an optuna-quant study does: the reference first, then
     (with the ``sensitivity`` prior) the start-up trials that such a study queues for the sampler
-    (``optuna_quant.trial.guidance.startup_trials``)."""
+    (``optuna_quant.trial.guidance.queued_params``), and the prior is given again after each trial as
+    the study gives it, with the base configuration's loss once measured (``Guidance.measured_at_base``)."""
     replay = Replay(table)
 
     def objective(trial: optuna.Trial) -> float:
@@ -292,12 +293,20 @@ def run_optuna(
         sampler.set_prior(PRIORS[prior](table))
     start = time.perf_counter()
     study = optuna.create_study(sampler=sampler)
+    callbacks = []
     if live_queue:
         study.enqueue_trial(table.reference)
-        n = startup_trials(sampler, budget) if prior == "sensitivity" else 0
-        for params in table_guidance(table).startup_params(table_distributions(table), n, table.target):
-            study.enqueue_trial(params, skip_if_exists=True)
-    study.optimize(objective, n_trials=budget)
+        if prior == "sensitivity":
+            guidance, distributions = table_guidance(table), table_distributions(table)
+            for params in queued_params(guidance, sampler, budget, distributions, table.target):
+                study.enqueue_trial(params, skip_if_exists=True)
+            # As a study's worker does before each trial (optuna_quant.trial.guidance.set_prior).
+            def measured_prior(study: optuna.Study, _: optuna.trial.FrozenTrial) -> None:
+                at_base = guidance.measured_at_base(distributions, table.target, study.get_trials(deepcopy=False))
+                sampler.set_prior(prior_for_space(at_base, distributions, table.target))
+
+            callbacks.append(measured_prior)
+    study.optimize(objective, n_trials=budget, callbacks=callbacks)
     return replay.finish(time.perf_counter() - start)
 
 

@@ -56,7 +56,6 @@ from benchmarks.table import Table  # noqa: E402
 from benchmarks.table import TABLES_DIR  # noqa: E402
 from examples.mnist import load_mnist  # noqa: E402
 from optuna_quant.measure.evaluate import Top1Accuracy  # noqa: E402
-from optuna_quant.measure.int8_causes import quantizes_anything  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
 from optuna_quant.measure.loss import relative_accuracy_loss  # noqa: E402
 from optuna_quant.measure.loss import Targets  # noqa: E402
@@ -381,7 +380,7 @@ def with_quantized(table: Table, measured: Setup) -> Table:
                 config = dataclasses.replace(table_config(objective, params), fallback=frozenset(objective.space.nodes))
             else:
                 config = objective.space.to_config(params)
-            built[key] = quantizes_anything(objective.measurer.build(config), objective.measurer.prepared.prepared)
+            built[key] = objective.measurer.quantizes(objective.measurer.build(config))
         return built[key]
 
     return dataclasses.replace(table, rows=[{**row, "quantized": quantized(row["params"])} for row in table.rows])

@@ -35,18 +35,18 @@ NOT_THE_CAUSE = "(not the cause here)"
 """The start of a cause of :func:`slow_int8_causes` that this model and CPU do not have."""
 
 
-def quantizes_anything(model: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -> bool:
-    """Whether ``model`` runs anything in int8 that ``fp32``, the model it was built from, does not:
-    a quantized kernel or a conversion to or from int8 of a type that ``fp32`` holds fewer of (any,
-    without ``fp32``).
+def quantizes_anything(model: onnx.ModelProto, fp32_nodes: Counter[str] | None = None) -> bool:
+    """Whether ``model`` runs anything in int8 beyond ``fp32_nodes``, the :func:`int8_nodes` of the
+    model it was built from: a quantized kernel or a conversion to or from int8 of a type that
+    model holds fewer of (any, without ``fp32_nodes``).
 
     A configuration that keeps every quantizable node in fp32 builds the fp32 model again; a
     model that already holds Q/DQ pairs (a QAT export) holds them in that configuration too.
     """
-    return bool(_int8_nodes(model) - (Counter() if fp32 is None else _int8_nodes(fp32)))
+    return bool(int8_nodes(model) - (fp32_nodes or Counter()))
 
 
-def _int8_nodes(model: onnx.ModelProto) -> Counter[str]:
+def int8_nodes(model: onnx.ModelProto) -> Counter[str]:
     """How many int8 kernels and int8 conversions of each operator type ``model`` holds."""
     return Counter(node.op_type for node in model.graph.node if node.op_type in INT8_KERNELS | _CONVERSIONS)
 

@@ -27,6 +27,7 @@ from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import accepts_subset_size
 from optuna_quant.measure.evaluate import checked_score
 from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.measure.int8_causes import int8_nodes
 from optuna_quant.measure.int8_causes import quantizes_anything
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.latency import feed_shapes
@@ -170,6 +171,7 @@ class Measurer:
                     f"The model does not run on latency_data ({feed_shapes(self.latency_feed)}): {err}"
                 ) from err
         self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
+        self._given_int8_nodes = int8_nodes(self.prepared.prepared)
         self.fingerprint = hashlib.sha256(serialized).hexdigest()
         self.cpu = int8_support()
 
@@ -201,6 +203,10 @@ class Measurer:
     def build(self, config: QuantConfig) -> onnx.ModelProto:
         """The int8 model of ``config``, from cached calibration."""
         return self.quantizer.quantize(config)
+
+    def quantizes(self, int8_model: onnx.ModelProto) -> bool:
+        """Whether ``int8_model``, built here, runs anything in int8 that the prepared model does not."""
+        return quantizes_anything(int8_model, self._given_int8_nodes)
 
     def accuracy(self, config: QuantConfig) -> float:
         """The int8 score of ``config``, without timing it."""
@@ -244,7 +250,7 @@ class Measurer:
             quantize_seconds=quantize_seconds + built - start,
             eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
-            quantized=quantizes_anything(int8_model, self.prepared.prepared),
+            quantized=self.quantizes(int8_model),
         )
 
     def baseline(self) -> float:

@@ -98,9 +98,7 @@ def targets_per_error(
         50.0
     """
     if scope_errors:
-        reference = scope_errors[0]["error"] or 0.0
-        base = base_combination(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
-        acc_loss = acc_loss * base["error"] / reference if reference > 0 else acc_loss
+        acc_loss = base_loss(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
     total = sum(max(s.error_alone, 0.0) for s in sens.values())
     # A configuration that loses nothing leaves no accuracy to buy back.
     return max(acc_loss, 0.0) / total / accuracy_target if total > 0 else 0.0
@@ -302,6 +300,21 @@ def base_combination(
     return scope_errors[max(rated)[2]]
 
 
+def base_loss(scope_errors: Sequence[ScopeError], *, acc_loss: float, accuracy_target: float) -> float:
+    """The all-int8 loss predicted at :func:`base_combination` (same arguments): the reference's
+    ``acc_loss`` times the base's output error over the reference's (the first entry), or
+    ``acc_loss`` where the reference's error is none or 0.
+
+    Example:
+        >>> errors = [{"params": {"g": "t"}, "error": 0.04}, {"params": {"g": "c"}, "error": 0.01}]
+        >>> base_loss(errors, acc_loss=0.02, accuracy_target=0.01)
+        0.005
+    """
+    reference = scope_errors[0]["error"] or 0.0
+    base = base_combination(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target)
+    return acc_loss * base["error"] / reference if reference > 0 else acc_loss
+
+
 def scope_scores(
     scope_errors: Sequence[ScopeError],
     *,
@@ -364,6 +377,7 @@ def choice_scores(
     accuracy_target: float,
     scope_errors: Sequence[ScopeError] = (),
     pairs: Sequence[PairRecovery] = (),
+    base_acc_loss: float | None = None,
 ) -> dict[str, dict[Any, float]]:
     """A prior for samplers, ``{parameter: {choice: score in (0, 1)}}``, from the measurements.
 
@@ -388,6 +402,9 @@ def choice_scores(
         scope_errors: :func:`measure_scope_errors`' result; none: layers only.
         pairs: What adjacent pairs' joint reverts recover
             (:func:`~optuna_quant.measure.interactions.measure_pairs`), at the same combination.
+        base_acc_loss: The loss measured at :func:`base_combination` with every layer int8,
+            which the layers then share out instead of the predicted one; the other parameters
+            are still scored by the prediction from ``acc_loss``.
 
     Raises:
         ValueError: If ``accuracy_target`` is not positive or a layer has no ``revert_cost``.
@@ -402,7 +419,10 @@ def choice_scores(
     unmeasured = [node for node, s in sens.items() if s.revert_cost is None]
     if unmeasured:
         raise ValueError(f"Layers {unmeasured} have no revert_cost; measure them with revert_timing set.")
-    measured = {"acc_loss": acc_loss, "accuracy_target": accuracy_target, "scope_errors": scope_errors}
+    if base_acc_loss is None:
+        measured = {"acc_loss": acc_loss, "accuracy_target": accuracy_target, "scope_errors": scope_errors}
+    else:
+        measured = {"acc_loss": base_acc_loss, "accuracy_target": accuracy_target, "scope_errors": ()}
     scores: dict[str, dict[Any, float]] = {}
     if scope_errors:
         scores.update(scope_scores(scope_errors, acc_loss=acc_loss, accuracy_target=accuracy_target))

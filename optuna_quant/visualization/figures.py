@@ -131,8 +131,10 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     )
     figure.update_xaxes(range=x_range)
     figure.update_yaxes(range=y_range)
-    met = [t for t in points if meets_targets(t, targets)]
-    missed = [t for t in points if t not in met]
+    met: list[FrozenTrial] = []
+    missed: list[FrozenTrial] = []
+    for t in points:
+        (met if meets_targets(t, targets) else missed).append(t)
     figure.add_trace(_scatter(met, "both targets met", color=_MET, size=8))
     figure.add_trace(_scatter(missed, "a target missed", color=_MISSED, size=8))
     front = pareto_front(points)
@@ -197,9 +199,14 @@ def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure
         yaxis=dict(title=dict(text=LAT_DIFF_LABEL)),
         **_LAYOUT,
     ))
-    fp32 = [t for t in points if not records.quantized(t)]
-    within = [t for t in points if t not in fp32 and targets.accuracy_met(records.acc_loss(t))]
-    outside = [t for t in points if t not in fp32 and t not in within]
+    within: list[FrozenTrial] = []
+    outside: list[FrozenTrial] = []
+    fp32: list[FrozenTrial] = []
+    for t in points:
+        if not records.quantized(t):
+            fp32.append(t)
+        else:
+            (within if targets.accuracy_met(records.acc_loss(t)) else outside).append(t)
     for trials, name, color in ((within, "within the accuracy target", _MET),
                                 (outside, "accuracy target missed", _MISSED),
                                 (fp32, "the fp32 model (quantizes nothing)", _FP32)):

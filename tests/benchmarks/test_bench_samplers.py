@@ -376,6 +376,17 @@ def test_a_live_queue_replays_the_reference_and_the_start_up_trials_a_study_queu
     assert run_optuna(factory, table, 0, 2, constraints=True, live_queue=True).keys[0] == table.key(table.reference)
 
 
+def test_a_live_queue_gives_the_gp_the_base_configuration_where_the_prior_predicts_it_misses() -> None:
+    factory = resolve(PEERS["oq-gp"])
+    for name, predicted_miss in (("mtcnn_rnet", True), ("mobilenet8", False)):
+        table = Table.load(TABLES_DIR / f"{name}.json")
+        guidance = table_guidance(table)
+        assert guidance.predicts_base_misses(table.target) == predicted_miss
+        trace = run_optuna(factory, table, 0, 5, constraints=True, prior="sensitivity", live_queue=True)  # room for 1
+        base = table.key(guidance.base_params(table_distributions(table), table.target))
+        assert (trace.keys[1] == base) == predicted_miss
+
+
 def test_a_live_queue_is_refused_for_hyperopt_and_kept_apart_from_other_runs(tmp_path: Path) -> None:
     common = ["--tables", "dwsep", "--budget", "3", "--seeds", "1", "--plots-dir", str(tmp_path)]
     with pytest.raises(SystemExit, match="--live-queue queues trials in Optuna studies"):

@@ -11,6 +11,7 @@ from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization import quantize_static
 
 from optuna_quant.measure.evaluate import Top1Accuracy
+from optuna_quant.measure.int8_causes import int8_nodes
 from optuna_quant.measure.int8_causes import quantizes_anything
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.space import LAYER_PREFIX
@@ -37,11 +38,11 @@ def test_a_model_that_holds_qdq_already_is_not_quantized_by_keeping_every_layer_
     )
     partly = onnx.load(tmp_path / "partly.onnx")
     objective = QuantizationObjective(partly, calib[:8], agreement)
-    space, prepared = objective.space, objective.measurer.prepared.prepared
+    space, measurer = objective.space, objective.measurer
     default = space.default_params()
     all_fp32 = {**default, **{LAYER_PREFIX + unit: "fp32" for unit in space.units()}}
-    as_given = objective.measurer.build(space.to_config(all_fp32))
+    as_given = measurer.build(space.to_config(all_fp32))
     assert quantizes_anything(as_given)  # its own Q/DQ pairs ...
-    assert not quantizes_anything(as_given, prepared)  # ... are the model's, not the configuration's
-    assert quantizes_anything(objective.measurer.build(space.to_config(default)), prepared)
-    assert not quantizes_anything(cnn) and quantizes_anything(partly, cnn)
+    assert not measurer.quantizes(as_given)  # ... are the model's, not the configuration's
+    assert measurer.quantizes(measurer.build(space.to_config(default)))
+    assert not quantizes_anything(cnn) and quantizes_anything(partly, int8_nodes(cnn))

@@ -19,6 +19,7 @@ import optuna_quant as oq
 from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.latency import RETIMES
 from optuna_quant.samplers import TPESampler
+from optuna_quant.trial import guidance
 from optuna_quant.trial import records
 from optuna_quant.trial.records import FP32_ACCURACY_KEY
 from optuna_quant.trial.records import SCALING_KEY
@@ -401,3 +402,6 @@ def test_start_up_trials_are_queued_for_the_tpe_and_not_for_the_gp(make_study, s
     trials = study.study.trials
     assert records.is_reference(trials[0]) and len(trials) == 9
     assert [t.number for t in trials[1:] if "fixed_params" in t.system_attrs] == queued
+    # The GP would get the first alone where the prior predicts it misses the accuracy target
+    # (tests/trial/test_prior_for_space.py); on this model it predicts a hit.
+    assert not guidance.stored(study.study).predicts_base_misses(study.targets)

@@ -105,7 +105,8 @@ class DiscreteGPSampler(InTurnSampler):
     max_startup_trials: int | None = 0
     """An optuna-quant study queues no start-up trials for it: weighted by the prior, its
     acquisition tries the prior's likeliest configurations itself
-    (:func:`optuna_quant.trial.guidance.startup_trials`)."""
+    (:func:`optuna_quant.trial.guidance.startup_trials`), but for the first where the prior
+    predicts that it misses the accuracy target (:func:`optuna_quant.trial.guidance.queued_params`)."""
 
     def __init__(
         self,
