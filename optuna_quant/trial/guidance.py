@@ -571,7 +571,8 @@ def set_prior(
     if not hasattr(sampler, "set_prior"):
         return
     guidance = stored(study) if guided else None
-    if guidance is not None:
+    if guidance is not None and guidance.predicts_base_misses(targets):
+        # Only then can a trial change the prior: no read of every trial before each one otherwise.
         guidance = guidance.measured_at_base(space.distributions(), targets, study.get_trials(deepcopy=False))
     prior = {} if guidance is None else guidance.prior(targets, space)
     for forbidden in records.forbidden_choices(study):
