@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import onnx
 from onnxruntime.quantization import QuantizationMode
@@ -44,9 +45,27 @@ def dynamic_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelProt
         None,  # nodes_to_quantize: every node of the operator types ...
         sorted(config.fallback),  # ... except these
         list(DYNAMIC_OP_TYPES),
-        # A MatMul of two activations stays fp32, as in quantize_dynamic.
-        {"MatMulConstBOnly": True, "WeightSymmetric": config.weight_symmetric},
+        {
+            # A MatMul of two activations stays fp32, as in quantize_dynamic.
+            "MatMulConstBOnly": True,
+            "WeightSymmetric": config.weight_symmetric,
+            "TensorQuantOverrides": {} if config.weight_symmetric else _symmetric_lstm_weights(model),
+        },
     )
     quantizer.quantize_model()
     quantizer.model.topological_sort()
     return quantizer.model.model
+
+
+def _symmetric_lstm_weights(model: onnx.ModelProto) -> dict[str, list[dict[str, Any]]]:
+    """Overrides that keep every LSTM's weights symmetric: onnxruntime's ``DynamicQuantizeLSTM``
+    refuses a weight zero point at run time ("InputWeight zero point must be zero"), while
+    ``MatMulInteger`` takes the asymmetric weights that the configuration asks for."""
+    initializers = {init.name for init in model.graph.initializer}
+    return {
+        name: [{"axis": 0, "symmetric": True}]
+        for node in model.graph.node
+        if node.op_type == "LSTM"
+        for name in node.input[1:3]
+        if name in initializers
+    }

@@ -746,12 +746,13 @@ def _parsed_only() -> list[Shown]:
 
 
 def _written_before(command: Shown) -> set[Path]:
-    """The files that the commands of ``command``'s block before it write."""
+    """The files that the commands shown before ``command`` in its file write: a block may use
+    what an earlier one wrote (the peers' saved models)."""
     written = set()
     for item in shown(command.file):
         if item == command:
             break
-        if item.kind == "command" and item.line == command.line:
+        if item.kind == "command":
             for argv in argvs(item.text):
                 written |= {ROOT / value for option, value in zip(argv, argv[1:]) if option in OUTPUT_OPTIONS}
                 written |= _saved_models(argv)

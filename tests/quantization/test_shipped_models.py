@@ -126,3 +126,30 @@ def test_prepared_node_names_are_stable_and_all_named() -> None:
     names = [n.name for n in first.graph.node]
     assert names == [n.name for n in second.graph.node]
     assert all(names) and len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("name", ["ddddocr_rec", "silero_vad_sequence"])
+def test_every_dynamic_configuration_of_an_lstm_runs(name: str) -> None:
+    # DynamicQuantizeLSTM refuses asymmetric weights when it runs, not when the model is built:
+    # before the override, every dynamic trial with asymmetric weights failed on ddddocr.
+    shipped = _installed(name)
+    feeds = shipped.feeds(2)
+    prepared = prepare_model(shipped.path(), feeds)
+    quantizer = Quantizer(prepared.prepared, feeds)
+    want = _session(prepared.original).run(None, feeds[0])
+    for per_channel in (True, False):
+        for weight_symmetric in (True, False):
+            config = QuantConfig(approach="dynamic", per_channel=per_channel, weight_symmetric=weight_symmetric)
+            int8 = quantizer.quantize(config)
+            assert "DynamicQuantizeLSTM" in {n.op_type for n in int8.graph.node}, config
+            got = _session(int8).run(None, feeds[0])
+            assert [a.shape for a in got] == [a.shape for a in want], config
+            assert all(np.isfinite(a).all() for a in got), config
+            # The MatMuls keep the weight mode asked for: their zero point is 0 only when symmetric.
+            zero_points = {
+                init.name: onnx.numpy_helper.to_array(init) for init in int8.graph.initializer
+            }
+            matmul_zero_points = [
+                zero_points[n.input[3]] for n in int8.graph.node if n.op_type == "MatMulInteger"
+            ]
+            assert all((zp == 0).all() == weight_symmetric for zp in matmul_zero_points), config
