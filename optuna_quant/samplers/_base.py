@@ -1,8 +1,11 @@
-"""What both samplers of this package share: a seeded RNG, a prior, and suggestions taken in turn."""
+"""What both samplers of this package share: a seeded RNG, a prior, forbidden combinations of
+choices, and suggestions taken in turn."""
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,8 @@ from optuna.trial import FrozenTrial
 from optuna_quant.samplers import _coordination
 from optuna_quant.samplers._discrete import Config
 from optuna_quant.samplers._discrete import DiscreteSpace
+from optuna_quant.samplers._discrete import Excluded
+from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._discrete import SpaceCache
 from optuna_quant.samplers._prior import allowed_space
 from optuna_quant.samplers._prior import Prior
@@ -47,6 +52,7 @@ class InTurnSampler(BaseSampler, abc.ABC):
             raise ValueError(f"claim_wait_seconds must not be negative, got {claim_wait_seconds!r}.")
         self._rng = np.random.RandomState(seed)
         self._spaces = SpaceCache()
+        self._forbidden: list[dict[str, Any]] = []
         self.set_prior(prior)
         self._claim_wait_seconds = claim_wait_seconds
 
@@ -63,6 +69,30 @@ class InTurnSampler(BaseSampler, abc.ABC):
             ValueError: If a score is not in [0, 1).
         """
         self._prior = validate_prior(prior)
+
+    def set_forbidden(self, combinations: Sequence[Mapping[str, Any]]) -> None:
+        """Never draw a configuration that holds all the choices of one of ``combinations``
+        (``{param: choice}`` each; one of its parameters outside the search space drops it),
+        from the next trial on. ``[]`` forbids none.
+
+        Raises:
+            TypeError: If a combination is not a mapping.
+        """
+        for combination in combinations:
+            if not isinstance(combination, Mapping):
+                raise TypeError(f"A forbidden combination maps parameters to choices, got {combination!r}.")
+        self._forbidden = [dict(combination) for combination in combinations]
+
+    def _history(
+        self, study: Study, trials: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]
+    ) -> tuple[DiscreteSpace, History]:
+        """The space of ``search_space`` and the history of ``trials`` on it, whose ``seen`` also
+        refuses the forbidden combinations."""
+        space, history = self._spaces.history(study, trials, search_space)
+        if self._forbidden:
+            encoded = [space.encode_choices(combination) for combination in self._forbidden]
+            history.seen = Excluded(history.seen, [c for c in encoded if c is not None])
+        return space, history
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]

@@ -2,7 +2,8 @@
 
 A configuration is a tuple of choice indices, one per parameter (sorted by name). Both samplers
 keep every configuration that was completed, failed, pruned or is still running in a set, so that
-they never propose one again while unseen configurations remain.
+they never propose one again while unseen configurations remain; the set also refuses every
+configuration that holds a forbidden combination of choices (:class:`Excluded`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,26 @@ class DiscreteSpace:
             indices.append(i)
         return tuple(indices)
 
+    def encode_choices(self, choices: Mapping[str, Any]) -> dict[int, int] | None:
+        """The choice index of each of ``choices`` by parameter position, or ``None`` when one lies
+        outside the space (no configuration of it holds them all).
+
+        Example:
+            >>> space = DiscreteSpace({"a": CategoricalDistribution(["x", "y"]), "b": CategoricalDistribution([0, 1])})
+            >>> space.encode_choices({"b": 1}), space.encode_choices({"c": 1})
+            ({1: 1}, None)
+        """
+        encoded = {}
+        for name, value in choices.items():
+            if name not in self.names:
+                return None
+            position = self.names.index(name)
+            index = self._index[position].get(_key(value))
+            if index is None:
+                return None
+            encoded[position] = index
+        return encoded
+
     def decode(self, config: Sequence[int]) -> dict[str, Any]:
         """The parameter values of an index tuple."""
         return {
@@ -189,6 +210,35 @@ class DiscreteSpace:
             if len(found) >= want:
                 break
         return np.array(list(found)[:want], dtype=np.int64).reshape(-1, self.dim)
+
+
+class Excluded(set):
+    """Configurations not to propose: those in the set, and every one that holds all the choices
+    of one of ``combinations`` (choice index by parameter position, :meth:`DiscreteSpace.encode_choices`).
+
+    Membership is all the samplers ask, so the forbidden ones are never listed; ``len`` counts the
+    set alone. Union and copy keep the combinations.
+
+    Example:
+        >>> excluded = Excluded({(0, 0)}, [{1: 1}])
+        >>> [(0, 0) in excluded, (1, 0) in excluded, (1, 1) in excluded, (0, 1) in excluded | {(1, 0)}]
+        [True, False, True, True]
+    """
+
+    def __init__(self, configs: Iterable[Config] = (), combinations: Iterable[Mapping[int, int]] = ()) -> None:
+        super().__init__(configs)
+        self.combinations = tuple(dict(c) for c in combinations)
+
+    def __contains__(self, config: object) -> bool:
+        if set.__contains__(self, config):
+            return True
+        return any(all(config[j] == i for j, i in c.items()) for c in self.combinations)  # type: ignore[index]
+
+    def __or__(self, other: Iterable[Config]) -> Excluded:  # type: ignore[override]
+        return Excluded(set.__or__(self, set(other)), self.combinations)
+
+    def copy(self) -> Excluded:
+        return Excluded(self, self.combinations)
 
 
 def _key(value: Any) -> Any:

@@ -489,7 +489,7 @@ def guide_study(
     if records.stored_guidance(study) is not None:
         return  # a worker killed after storing it had its reference run again: measured already
     guidance = measure_guidance(measurer, space, reference_acc_loss, targets)
-    failures.forbid(study, lock, failures.failing_alone(space, guidance.scope_errors))
+    failures.forbid(study, lock, failures.failing_in_measurement(guidance.scope_errors))
     with lock():
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
@@ -563,8 +563,9 @@ def set_prior(
     guided: bool = True,
 ) -> None:
     """Give ``sampler`` the study's prior, where it takes one (Optuna's samplers do not): the
-    measured one once stored (when ``guided``), with every choice the study learnt to fail
-    scored 0, never (:mod:`optuna_quant.trial.failures`). Nothing while the study has neither.
+    measured one once stored (when ``guided``), with every choice the study learnt to fail alone
+    scored 0, never, and the pairs it learnt to fail together as ``sampler.set_forbidden``
+    (:mod:`optuna_quant.trial.failures`). Nothing while the study has none of them.
 
     Call it before each trial: another worker may have learnt a failing choice meanwhile.
     """
@@ -575,7 +576,13 @@ def set_prior(
         # Only then can a trial change the prior: no read of every trial before each one otherwise.
         guidance = guidance.measured_at_base(space.distributions(), targets, study.get_trials(deepcopy=False))
     prior = {} if guidance is None else guidance.prior(targets, space)
+    together = []
     for forbidden in records.forbidden_choices(study):
-        prior.setdefault(forbidden.param, {})[forbidden.choice] = 0.0
+        if forbidden.together:
+            together.append(forbidden.choices)
+        else:
+            prior.setdefault(forbidden.param, {})[forbidden.choice] = 0.0
     if prior:
         sampler.set_prior(prior)
+    if together and hasattr(sampler, "set_forbidden"):
+        sampler.set_forbidden(together)

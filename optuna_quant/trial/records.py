@@ -342,33 +342,45 @@ def record_failure(trial: optuna.Trial, err: BaseException) -> None:
 
 @dataclass(frozen=True)
 class ForbiddenChoice:
-    """A choice that fails on this model whatever the rest of the configuration, so the study
-    no longer draws it (:mod:`optuna_quant.trial.failures`).
+    """A choice that fails on this model whatever the rest of the configuration, or together with
+    other choices, so the study no longer draws it (with them) (:mod:`optuna_quant.trial.failures`).
 
     Attributes:
         param: The parameter.
         choice: Its failing value.
         reason: The failure, ``"<exception type>: <message>"``.
         trial: The trial whose failure found it; ``None`` when the sensitivity measurement did.
+        together: The other ``(param, choice)`` pairs without which the choice does not fail;
+            none: it fails alone.
     """
 
     param: str
     choice: Any
     reason: str
     trial: int | None = None
+    together: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def choices(self) -> dict[str, Any]:
+        """Every choice that fails together, by parameter."""
+        return {self.param: self.choice, **dict(self.together)}
+
+    def held_by(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` hold every choice that fails together."""
+        return all(name in params and params[name] == choice for name, choice in self.choices.items())
 
     def __str__(self) -> str:
-        return f"{self.param}={self.choice!r}"
+        return " with ".join(f"{name}={choice!r}" for name, choice in self.choices.items())
 
 
 def forbid_choice(study: optuna.Study, forbidden: ForbiddenChoice) -> bool:
-    """Store ``forbidden`` unless the study knows that choice already (call under the study lock).
+    """Store ``forbidden`` unless the study knows those choices already (call under the study lock).
 
     Returns:
         Whether it was new.
     """
     known = study.user_attrs.get(FORBIDDEN_KEY, [])
-    if any(entry["param"] == forbidden.param and entry["choice"] == forbidden.choice for entry in known):
+    if any(_from_record(entry).choices == forbidden.choices for entry in known):
         return False
     study.set_user_attr(FORBIDDEN_KEY, [*known, asdict(forbidden)])
     return True
@@ -376,4 +388,10 @@ def forbid_choice(study: optuna.Study, forbidden: ForbiddenChoice) -> bool:
 
 def forbidden_choices(study: optuna.Study) -> list[ForbiddenChoice]:
     """The choices :func:`forbid_choice` stored, in the order they were found."""
-    return [ForbiddenChoice(**entry) for entry in study.user_attrs.get(FORBIDDEN_KEY, [])]
+    return [_from_record(entry) for entry in study.user_attrs.get(FORBIDDEN_KEY, [])]
+
+
+def _from_record(entry: Mapping[str, Any]) -> ForbiddenChoice:
+    # JSON storage turns the pairs of ``together`` into lists; records of earlier versions lack it.
+    together = tuple((name, choice) for name, choice in entry.get("together", ()))
+    return ForbiddenChoice(**{**entry, "together": together})

@@ -107,6 +107,29 @@ def test_a_choice_scored_zero_is_never_drawn_from_then_on(sampler_class) -> None
         study.optimize(mixed, n_trials=1, catch=())
 
 
+@pytest.mark.parametrize(
+    "make_sampler",
+    [lambda: TPESampler(seed=0, n_startup_trials=5), lambda: TPESampler.pot(seed=0), lambda: DiscreteGPSampler(seed=0, n_startup_trials=5)],
+    ids=["tpe", "tpe-pot", "gp"],
+)
+def test_a_forbidden_pair_is_never_drawn_from_then_on_and_either_choice_alone_still_is(make_sampler) -> None:
+    # The pair is the optimum's own l0 and l1: the models want both, and may have only one.
+    pair = {"l0": GOOD["l0"], "l1": GOOD["l1"]}
+    sampler = make_sampler()
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(objective, n_trials=20)
+    assert any(all(t.params[k] == v for k, v in pair.items()) for t in study.trials)
+    sampler.set_forbidden([pair, {"l2": "fp32", "not_a_parameter": 1}])  # the second forbids nothing
+    study.optimize(objective, n_trials=40)
+    later = study.trials[20:]
+    assert not any(all(t.params[k] == v for k, v in pair.items()) for t in later)
+    assert {t.params["l0"] for t in later} == {t.params["l1"] for t in later} == {"int8", "fp32"}
+    assert "fp32" in {t.params["l2"] for t in later}
+    assert len({tuple(sorted(t.params.items())) for t in study.trials}) == 60  # never a repeat
+    with pytest.raises(TypeError, match="A forbidden combination maps parameters to choices, got"):
+        sampler.set_forbidden([("l0", "int8")])
+
+
 def median_trials_to_optimum(sampler_class, prior, budget: int) -> float:
     """The median over seeds 0-2 of the trials a study needs to reach :func:`objective`'s 0."""
     counts = []

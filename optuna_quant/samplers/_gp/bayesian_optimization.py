@@ -119,7 +119,9 @@ class BayesianOptimization:
         """
         space = self._space
         pending = np.empty((0, space.dim), np.int64) if pending is None else np.asarray(pending)
-        excluded = set(exclude) | set(space._cache) | {tuple(p) for p in pending.tolist()}
+        # A set keeps its kind through the union: an Excluded's forbidden combinations stay in.
+        excluded = (exclude if isinstance(exclude, set) else set(exclude)) | set(space._cache)
+        excluded |= {tuple(p) for p in pending.tolist()}
         if space.empty:
             return space.array_to_params(self._random_unseen(excluded))
 

@@ -145,7 +145,7 @@ class DiscreteGPSampler(InTurnSampler):
     def _sample_in_turn(
         self, study: Study, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        space, history = self._spaces.history(study, trials, search_space)
+        space, history = self._history(study, trials, search_space)
         claimed = _coordination.claimed_configs(trials, space)
         seen = history.seen | set(claimed)
         if len(seen) >= space.size:

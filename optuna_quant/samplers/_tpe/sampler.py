@@ -230,7 +230,7 @@ class TPESampler(InTurnSampler):
         dims = [self._dim(name, search_space[name]) for name in names]
         space: DiscreteSpace | None = None
         if all(is_finite(dist) for dist in search_space.values()):
-            space, history = self._spaces.history(study, trials, search_space)
+            space, history = self._history(study, trials, search_space)
             claimed = np.array(_coordination.claimed_configs(trials, space), np.int64)
             history.running = np.vstack([history.running, claimed.reshape(-1, space.dim)])
             history.seen |= set(map(tuple, claimed.tolist()))
