@@ -1,5 +1,5 @@
 """What both samplers of this package share: a seeded RNG, a prior, forbidden combinations of
-choices, and suggestions taken in turn."""
+choices, inactive parameters, and suggestions taken in turn."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ class InTurnSampler(BaseSampler, abc.ABC):
         self._rng = np.random.RandomState(seed)
         self._spaces = SpaceCache()
         self._forbidden: list[dict[str, Any]] = []
+        self._inactive: dict[str, dict[Any, tuple[str, ...]]] = {}
         self.set_prior(prior)
         self._claim_wait_seconds = claim_wait_seconds
 
@@ -83,15 +84,35 @@ class InTurnSampler(BaseSampler, abc.ABC):
                 raise TypeError(f"A forbidden combination maps parameters to choices, got {combination!r}.")
         self._forbidden = [dict(combination) for combination in combinations]
 
+    def set_inactive(self, inactive: Mapping[str, Mapping[Any, Sequence[str]]]) -> None:
+        """Treat two configurations as one where they differ only in parameters that a choice
+        of theirs makes inactive (``{param: {choice: [params it makes inactive]}}``), from the
+        next trial on: once one was tried, the others are not proposed while unseen ones remain.
+        Parameters and choices outside the search space are left out. ``{}`` sets none.
+
+        Raises:
+            TypeError: If ``inactive`` is not a mapping of mappings to lists of names.
+        """
+        rules: dict[str, dict[Any, tuple[str, ...]]] = {}
+        for name, by_choice in inactive.items():
+            lists = by_choice.values() if isinstance(by_choice, Mapping) else [None]
+            if any(isinstance(params, str) or not isinstance(params, Sequence) for params in lists):
+                raise TypeError(f"Inactive parameters are {{param: {{choice: [param, ...]}}}}, got {name!r}: {by_choice!r}.")
+            rules[name] = {choice: tuple(params) for choice, params in by_choice.items()}
+        self._inactive = rules
+
     def _history(
         self, study: Study, trials: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]
     ) -> tuple[DiscreteSpace, History]:
         """The space of ``search_space`` and the history of ``trials`` on it, whose ``seen`` also
-        refuses the forbidden combinations."""
+        refuses the forbidden combinations and the configurations equal to a seen one but for
+        inactive parameters."""
         space, history = self._spaces.history(study, trials, search_space)
-        if self._forbidden:
+        if self._forbidden or self._inactive:
             encoded = [space.encode_choices(combination) for combination in self._forbidden]
-            history.seen = Excluded(history.seen, [c for c in encoded if c is not None])
+            history.seen = Excluded(
+                history.seen, [c for c in encoded if c is not None], space.encode_inactive(self._inactive)
+            )
         return space, history
 
     def sample_relative(

@@ -3,7 +3,8 @@
 A configuration is a tuple of choice indices, one per parameter (sorted by name). Both samplers
 keep every configuration that was completed, failed, pruned or is still running in a set, so that
 they never propose one again while unseen configurations remain; the set also refuses every
-configuration that holds a forbidden combination of choices (:class:`Excluded`).
+configuration that differs from a seen one only in parameters its choices make inactive, and
+every one that holds a forbidden combination of choices (:class:`Excluded`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,27 @@ class DiscreteSpace:
             encoded[position] = index
         return encoded
 
+    def encode_inactive(self, inactive: Mapping[str, Mapping[Any, Iterable[str]]]) -> list[Inactive]:
+        """The rules of ``inactive`` (``{param: {choice: [params it makes inactive]}}``) by
+        position, leaving out parameters and choices outside the space.
+
+        Example:
+            >>> space = DiscreteSpace({"a": CategoricalDistribution(["x", "y"]), "b": CategoricalDistribution([0, 1])})
+            >>> space.encode_inactive({"a": {"y": ["b", "c"], "z": ["b"]}})
+            [(0, 1, (1,))]
+        """
+        rules = []
+        for name, by_choice in inactive.items():
+            if name not in self.names:
+                continue
+            position = self.names.index(name)
+            for choice, params in by_choice.items():
+                index = self._index[position].get(_key(choice))
+                ignored = tuple(self.names.index(p) for p in params if p in self.names and p != name)
+                if index is not None and ignored:
+                    rules.append((position, index, ignored))
+        return rules
+
     def decode(self, config: Sequence[int]) -> dict[str, Any]:
         """The parameter values of an index tuple."""
         return {
@@ -212,33 +234,77 @@ class DiscreteSpace:
         return np.array(list(found)[:want], dtype=np.int64).reshape(-1, self.dim)
 
 
+Inactive = tuple[int, int, tuple[int, ...]]
+"""A parameter's position, one of its choice indices, and the positions of the parameters that
+this choice makes inactive (:meth:`DiscreteSpace.encode_inactive`)."""
+
+
 class Excluded(set):
-    """Configurations not to propose: those in the set, and every one that holds all the choices
-    of one of ``combinations`` (choice index by parameter position, :meth:`DiscreteSpace.encode_choices`).
+    """Configurations not to propose: those in the set, those equal to one of them where they
+    differ only in parameters made inactive (``inactive``), and every one that holds all the
+    choices of one of ``combinations`` (choice index by parameter position,
+    :meth:`DiscreteSpace.encode_choices`).
 
     Membership is all the samplers ask, so the forbidden ones are never listed; ``len`` counts the
-    set alone. Union and copy keep the combinations.
+    set alone. Union, in-place union, ``add`` and copy keep the combinations and the rules.
 
     Example:
         >>> excluded = Excluded({(0, 0)}, [{1: 1}])
         >>> [(0, 0) in excluded, (1, 0) in excluded, (1, 1) in excluded, (0, 1) in excluded | {(1, 0)}]
         [True, False, True, True]
+        >>> same = Excluded({(1, 0, 0)}, inactive=[(0, 1, (2,))])  # choice 1 of the first makes the third inactive
+        >>> [(1, 0, 1) in same, (0, 0, 1) in same, (1, 1, 1) in same]
+        [True, False, False]
     """
 
-    def __init__(self, configs: Iterable[Config] = (), combinations: Iterable[Mapping[int, int]] = ()) -> None:
+    def __init__(
+        self,
+        configs: Iterable[Config] = (),
+        combinations: Iterable[Mapping[int, int]] = (),
+        inactive: Iterable[Inactive] = (),
+    ) -> None:
         super().__init__(configs)
         self.combinations = tuple(dict(c) for c in combinations)
+        self.inactive = tuple(inactive)
+        self._classes = {self.canonical(c) for c in self} if self.inactive else set()
+
+    def canonical(self, config: Config) -> Config:
+        """``config`` with every parameter that its choices make inactive at its first choice."""
+        held = [ignored for position, choice, ignored in self.inactive if config[position] == choice]
+        if not held:
+            return config
+        canonical = list(config)
+        for ignored in held:
+            for j in ignored:
+                canonical[j] = 0
+        return tuple(canonical)
 
     def __contains__(self, config: object) -> bool:
         if set.__contains__(self, config):
             return True
+        if self.inactive and self.canonical(config) in self._classes:  # type: ignore[arg-type]
+            return True
         return any(all(config[j] == i for j, i in c.items()) for c in self.combinations)  # type: ignore[index]
 
+    def add(self, config: Config) -> None:
+        set.add(self, config)
+        if self.inactive:
+            self._classes.add(self.canonical(config))
+
+    def update(self, *others: Iterable[Config]) -> None:
+        for other in others:
+            for config in other:
+                self.add(config)
+
+    def __ior__(self, other: Iterable[Config]) -> Excluded:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
     def __or__(self, other: Iterable[Config]) -> Excluded:  # type: ignore[override]
-        return Excluded(set.__or__(self, set(other)), self.combinations)
+        return Excluded(set.__or__(self, set(other)), self.combinations, self.inactive)
 
     def copy(self) -> Excluded:
-        return Excluded(self, self.combinations)
+        return Excluded(self, self.combinations, self.inactive)
 
 
 def _key(value: Any) -> Any:

@@ -200,6 +200,8 @@ class Worker:
         """
         if records.reference_scaling(self.study) is None:
             check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
+        if hasattr(self.study.sampler, "set_inactive"):
+            self.study.sampler.set_inactive(self.objective.space.inactive())
         with self.bar:
             while True:
                 step, trials = self.waiter.watch(self.lock, self.study, self._look)

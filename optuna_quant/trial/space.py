@@ -27,7 +27,8 @@ trial of the loss. A scope with a single choice on the model has no parameter. S
 switched off keep the value of the space's ``base`` configuration, which is how ``fine_tune``
 narrows a space around an earlier best result. Parameters that the approach ignores (the range
 estimator under dynamic, say) give equal configurations (:meth:`SearchSpace.to_config`), which
-the duplicate check and the claim of a running trial compare.
+the duplicate check and the claim of a running trial compare; the samplers of this package are
+told which (:meth:`SearchSpace.inactive`), and do not propose the second.
 
 Example:
     >>> space = SearchSpace(nodes=("conv1", "fc"), scopes=frozenset({"layer", "granularity"}))
@@ -269,6 +270,24 @@ class SearchSpace:
         if "weight_type" in distributions:
             config = replace(config, weight_type=params["weight_type"])
         return effective_config(config, self.dynamic_nodes)
+
+    def inactive(self) -> dict[str, dict[str, list[str]]]:
+        """The parameters that a choice makes inactive, as the samplers take them
+        (``set_inactive``): under the dynamic approach, those that :meth:`to_config` ignores.
+
+        Example:
+            >>> space = SearchSpace(nodes=("conv", "fc"), approaches=("static", "dynamic"), dynamic_nodes=("fc",))
+            >>> space.inactive()
+            {'approach': {'dynamic': ['range_estimator', 'activation_mode', 'op_types', 'layer:conv']}}
+        """
+        distributions = self.distributions()
+        approach = distributions.get("approach")
+        if approach is None or "dynamic" not in approach.choices:
+            return {}
+        dynamic = set(self.dynamic_nodes)
+        units = [LAYER_PREFIX + unit for unit, nodes in self.units().items() if not dynamic & set(nodes)]
+        ignored = [name for name in ("range_estimator", "activation_mode", "op_types", *units) if name in distributions]
+        return {"approach": {"dynamic": ignored}} if ignored else {}
 
     def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
         """A space around ``best`` in which only ``scopes`` vary (POT's ``fine_tune``)."""

@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnxruntime as ort
+import optuna
 import pytest
 
 import optuna_quant as oq
@@ -15,6 +16,8 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.samplers._discrete import DiscreteSpace
+from optuna_quant.samplers._discrete import Excluded
 from optuna_quant.trial.space import SearchSpace
 
 
@@ -75,8 +78,9 @@ def test_dynamic_models_follow_granularity_weight_mode_and_fallback(bert_path, b
 
 
 def _bert_study(tmp_path, bert_path, bert_feeds, bert_agreement, fast_bench, **kwargs) -> oq.QuantStudy:
+    kwargs.setdefault("sampler", "random")
     return oq.create_study(
-        bert_path, bert_feeds, bert_agreement, sampler="random", seed=0, storage=f"sqlite:///{tmp_path}/study.db",
+        bert_path, bert_feeds, bert_agreement, seed=0, storage=f"sqlite:///{tmp_path}/study.db",
         benchmark=fast_bench, sensitivity=False, **kwargs
     )
 
@@ -112,3 +116,43 @@ def test_the_best_dynamic_model_is_exported_checked_and_runs(
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert all(np.isfinite(a).all() for a in session.run(None, bert_feeds[0]))
     assert bert_agreement(session) == pytest.approx(1.0 - best.acc_loss)
+
+
+def test_the_inactive_parameters_are_exactly_those_that_build_the_same_model(bert_space) -> None:
+    # Two params are one configuration for the samplers (Excluded.canonical) exactly when
+    # to_config builds one model of them.
+    space = DiscreteSpace(bert_space.distributions())
+    excluded = Excluded(inactive=space.encode_inactive(bert_space.inactive()))
+    ignored = bert_space.inactive()["approach"]["dynamic"]
+    assert {"range_estimator", "activation_mode", "op_types"} <= set(ignored)
+    assert sorted(n for n in ignored if n.startswith("layer:")) == sorted(
+        f"layer:{n}" for n in bert_space.nodes if n not in bert_space.dynamic_nodes
+    )
+    rng = np.random.RandomState(0)
+    configs = [tuple(row) for row in space.random_configs(rng, 300).tolist()]
+    # Pairs that differ in one parameter only: random pairs would almost never build one model.
+    pairs = [(c, tuple((v + 1) % n if j == k else v for j, (v, n) in enumerate(zip(c, space.n_choices)))) for c in configs for k in rng.randint(space.dim, size=3)]
+    same = [space.decode(a) for a, b in pairs if excluded.canonical(a) == excluded.canonical(b)]
+    for a, b in pairs:
+        built_alike = bert_space.to_config(space.decode(a)) == bert_space.to_config(space.decode(b))
+        assert built_alike == (excluded.canonical(a) == excluded.canonical(b)), (space.decode(a), space.decode(b))
+    assert same and all(p["approach"] == "dynamic" for p in same)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["tpe", "gp"])
+def test_our_samplers_do_not_propose_what_dynamic_ignores_once_its_model_was_measured(
+    tmp_path, bert_path, bert_feeds, bert_agreement, fast_bench, sampler
+) -> None:
+    # Dynamic with four models (granularity x weight mode), static with 40: twelve trials, no copy.
+    study = _bert_study(
+        tmp_path, bert_path, bert_feeds, bert_agreement, fast_bench, sampler=sampler,
+        scopes=["approach", "range_estimator", "granularity", "mode"],
+    )
+    study.optimize(n_trials=12)
+    space = study.objective.space
+    configs = [space.to_config(t.params) for t in study.trials]
+    assert len(study.trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert not any("duplicate_of" in t.user_attrs for t in study.trials)
+    assert len(set(configs)) == 12
+    assert sum(c.approach == "dynamic" for c in configs) >= 2

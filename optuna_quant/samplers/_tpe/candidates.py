@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 import heapq
+import itertools
 
 import numpy as np
 
 from optuna_quant.samplers._discrete import Config
+from optuna_quant.samplers._discrete import Inactive
 from optuna_quant.samplers._tpe.parzen_estimator import MultivariateParzen
 from optuna_quant.samplers._tpe.parzen_estimator import UnivariateParzen
 from optuna_quant.samplers._tpe.probability_distributions import Dim
@@ -87,12 +89,52 @@ def best_unseen_combination(
 
     Best-first search over the product of the per-parameter lists sorted by score: each
     combination is reached once, by raising ranks in parameter order only, and the search stops
-    at the first unseen combination, after at most ``len(seen) + 1`` steps.
+    at the first unseen combination, after at most ``len(seen) + 1`` steps. Where ``seen`` holds
+    rules of inactive parameters (:class:`~optuna_quant.samplers._discrete.Excluded`), the
+    product is searched by region of the rules' choices, with the inactive parameters at their
+    best-scored index: a seen configuration then stands for one combination of its region, and
+    the bound holds.
 
     Example:
         >>> best_unseen_combination([{0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.5}], seen={(0, 1)})
         (0, 0)
     """
+    found = [_best_first(region, seen) for region in _regions(scores, getattr(seen, "inactive", ()))]
+    return max(
+        (config for config in found if config is not None),
+        key=lambda config: sum(s[i] for s, i in zip(scores, config)),
+        default=None,
+    )
+
+
+def _regions(
+    scores: Sequence[Mapping[int, float]], inactive: Sequence[Inactive]
+) -> Iterator[list[Mapping[int, float]]]:
+    """``scores`` split by each rule's choice (held, or any other drawn index), with the
+    parameters that the held choices make inactive restricted to their best-scored index."""
+    triggers: dict[int, dict[int, tuple[int, ...]]] = {}
+    for position, choice, ignored in inactive:
+        if choice in scores[position]:
+            rules = triggers.setdefault(position, {})
+            rules[choice] = rules.get(choice, ()) + ignored
+    options = [[*((choice,) for choice in rules), tuple(set(scores[p]) - set(rules))] for p, rules in triggers.items()]
+    for picks in itertools.product(*options):
+        region = list(scores)
+        ignored_positions: set[int] = set()
+        for position, pick in zip(triggers, picks):
+            region[position] = {i: scores[position][i] for i in pick}
+            if len(pick) == 1 and pick[0] in triggers[position]:
+                ignored_positions.update(triggers[position][pick[0]])
+        if any(not r for r in region):
+            continue
+        for j in ignored_positions - set(triggers):
+            top = max(scores[j], key=scores[j].__getitem__)
+            region[j] = {top: scores[j][top]}
+        yield region
+
+
+def _best_first(scores: Sequence[Mapping[int, float]], seen: set[Config]) -> Config | None:
+    """The unseen combination of ``scores`` with the highest summed score, best first."""
     ranked = [sorted(s.items(), key=lambda item: -item[1]) for s in scores]
     start = (0,) * len(ranked)
     heap = [(-sum(r[0][1] for r in ranked), start, 0)]
