@@ -74,7 +74,8 @@ class InTurnSampler(BaseSampler, abc.ABC):
     def set_forbidden(self, combinations: Sequence[Mapping[str, Any]]) -> None:
         """Never draw a configuration that holds all the choices of one of ``combinations``
         (``{param: choice}`` each; one of its parameters outside the search space drops it),
-        from the next trial on. ``[]`` forbids none.
+        from the next trial on. ``[]`` forbids none. A study's first trial is drawn one parameter
+        at a time, before the sampler knows the space, and may hold one.
 
         Raises:
             TypeError: If a combination is not a mapping.
@@ -89,6 +90,7 @@ class InTurnSampler(BaseSampler, abc.ABC):
         of theirs makes inactive (``{param: {choice: [params it makes inactive]}}``), from the
         next trial on: once one was tried, the others are not proposed while unseen ones remain.
         Parameters and choices outside the search space are left out. ``{}`` sets none.
+        Like :meth:`set_forbidden`, from a study's second trial on.
 
         Raises:
             TypeError: If ``inactive`` is not a mapping of mappings to lists of names.
@@ -97,7 +99,9 @@ class InTurnSampler(BaseSampler, abc.ABC):
         for name, by_choice in inactive.items():
             lists = by_choice.values() if isinstance(by_choice, Mapping) else [None]
             if any(isinstance(params, str) or not isinstance(params, Sequence) for params in lists):
-                raise TypeError(f"Inactive parameters are {{param: {{choice: [param, ...]}}}}, got {name!r}: {by_choice!r}.")
+                raise TypeError(
+                    f"Inactive parameters are {{param: {{choice: [param, ...]}}}}, got {name!r}: {by_choice!r}."
+                )
             rules[name] = {choice: tuple(params) for choice, params in by_choice.items()}
         self._inactive = rules
 

@@ -14,7 +14,8 @@ choice of the space does to the model's outputs and what reverting each layer co
   (:mod:`optuna_quant.measure.interactions`); the same with only the layers whose int8 pays on
   its own in int8; then every layer int8 but the most harmful ones, reverted to fp32 one more at
   a time, in order of measured harm per time saved
-  (:func:`optuna_quant.trial.scoring.revert_order`) (:meth:`Guidance.startup_params`); for a
+  (:func:`optuna_quant.trial.scoring.revert_order`), each model once (under the dynamic
+  approach, reverting a convolution builds the same model) (:meth:`Guidance.startup_params`); for a
   sampler that tries the prior's likeliest configurations itself (:func:`startup_trials`), only
   the first, where the prior predicts that it misses the accuracy target (:func:`queued_params`);
 - once a trial measured that first configuration within the accuracy target against such a
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Collection
+from collections.abc import Hashable
 from collections.abc import Mapping
 from collections.abc import Sequence
 import dataclasses
@@ -283,7 +285,11 @@ class Guidance:
         return prior_for_space(self, space.distributions(), targets)
 
     def startup_params(
-        self, distributions: Mapping[str, CategoricalDistribution], n: int, targets: Targets
+        self,
+        distributions: Mapping[str, CategoricalDistribution],
+        n: int,
+        targets: Targets,
+        build: Callable[[Mapping[str, Any]], Hashable] | None = None,
     ) -> list[dict[str, Any]]:
         """Up to ``n`` configurations to try first, each once: the base combination of
         the other scopes with every layer int8; the same with each interacting pair of adjacent
@@ -298,7 +304,9 @@ class Guidance:
         together, which no single revert reaches (mtcnn_onet, docs/real-models.md).
 
         Configurations equal to the default of the space of ``distributions`` (the first
-        choice of each: the reference) are left out.
+        choice of each: the reference) are left out, and so are those equal to an earlier one,
+        compared as ``build`` builds them (:meth:`SearchSpace.to_config`: under the dynamic
+        approach, reverting a convolution builds the same model), by their params without it.
         """
         default = _default(distributions)
         base = self.base_params(distributions, targets)
@@ -324,8 +332,14 @@ class Guidance:
             for unit in revert_order(self.layers)[: min(n, len(units) - 1)]:
                 reverted[LAYER_PREFIX + unit] = "fp32"
                 candidates.append({**base, **reverted})
-        unique = [params for i, params in enumerate(candidates) if params not in candidates[:i]]
-        return [params for params in unique if params != default][:n]
+        key = build or _params_key
+        built = {key(default)}
+        unique = []
+        for params in candidates:
+            if key(params) not in built:
+                built.add(key(params))
+                unique.append(params)
+        return unique[:n]
 
     def base_params(self, distributions: Mapping[str, CategoricalDistribution], targets: Targets) -> dict[str, Any]:
         """The base combination of the other scopes with every layer int8, in the space of
@@ -494,7 +508,8 @@ def guide_study(
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
-        for params in queued_params(guidance, study.sampler, budget, space.distributions(), targets):
+        queued = queued_params(guidance, study.sampler, budget, space.distributions(), targets, space.to_config)
+        for params in queued:
             study.enqueue_trial(params, skip_if_exists=True)
 
 
@@ -504,9 +519,11 @@ def queued_params(
     budget: int | None,
     distributions: Mapping[str, CategoricalDistribution],
     targets: Targets,
+    build: Callable[[Mapping[str, Any]], Hashable] | None = None,
 ) -> list[dict[str, Any]]:
     """The start-up trials a study queues for ``sampler`` once ``guidance`` is measured: the first
-    :func:`startup_trials` of :meth:`Guidance.startup_params`.
+    :func:`startup_trials` of :meth:`Guidance.startup_params` (each model once, as ``build``
+    builds it).
 
     A sampler that takes none (optuna-quant's GP) still gets the base configuration where the
     prior predicts that it misses the accuracy target (:meth:`Guidance.predicts_base_misses`):
@@ -516,11 +533,17 @@ def queued_params(
     """
     n = startup_trials(sampler, budget)
     if n > 0:
-        return guidance.startup_params(distributions, n, targets)
+        return guidance.startup_params(distributions, n, targets, build)
     if startup_trials(None, budget) == 0 or not guidance.predicts_base_misses(targets):
         return []
     base = guidance.base_params(distributions, targets)
-    return [] if base == _default(distributions) else [base]
+    key = build or _params_key
+    return [] if key(base) == key(_default(distributions)) else [base]
+
+
+def _params_key(params: Mapping[str, Any]) -> Hashable:
+    """``params`` as a set member: configurations compared by their parameters."""
+    return tuple(sorted(params.items()))
 
 
 def _default(distributions: Mapping[str, CategoricalDistribution]) -> dict[str, Any]:

@@ -131,7 +131,11 @@ def test_the_inactive_parameters_are_exactly_those_that_build_the_same_model(ber
     rng = np.random.RandomState(0)
     configs = [tuple(row) for row in space.random_configs(rng, 300).tolist()]
     # Pairs that differ in one parameter only: random pairs would almost never build one model.
-    pairs = [(c, tuple((v + 1) % n if j == k else v for j, (v, n) in enumerate(zip(c, space.n_choices)))) for c in configs for k in rng.randint(space.dim, size=3)]
+    pairs = [
+        (c, tuple((v + 1) % n if j == k else v for j, (v, n) in enumerate(zip(c, space.n_choices))))
+        for c in configs
+        for k in rng.randint(space.dim, size=3)
+    ]
     same = [space.decode(a) for a, b in pairs if excluded.canonical(a) == excluded.canonical(b)]
     for a, b in pairs:
         built_alike = bert_space.to_config(space.decode(a)) == bert_space.to_config(space.decode(b))

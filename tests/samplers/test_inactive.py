@@ -41,7 +41,11 @@ def model_of(params: dict) -> tuple:
 
 @pytest.mark.parametrize(
     "make_sampler",
-    [lambda: TPESampler(seed=0, n_startup_trials=5), lambda: TPESampler.pot(seed=0), lambda: DiscreteGPSampler(seed=0, n_startup_trials=5)],
+    [
+        lambda: TPESampler(seed=0, n_startup_trials=5),
+        lambda: TPESampler.pot(seed=0),
+        lambda: DiscreteGPSampler(seed=0, n_startup_trials=5),
+    ],
     ids=["tpe", "tpe-pot", "gp"],
 )
 def test_a_configuration_that_differs_only_in_inactive_parameters_is_not_proposed(make_sampler) -> None:
@@ -62,7 +66,7 @@ def test_a_configuration_that_differs_only_in_inactive_parameters_is_not_propose
 def test_bad_inactive_parameters_are_refused() -> None:
     for sampler in (TPESampler(), DiscreteGPSampler()):
         for bad in ({"approach": ["range"]}, {"approach": {"dynamic": "range"}}, {"approach": {"dynamic": 3}}):
-            with pytest.raises(TypeError, match=r"Inactive parameters are \{param: \{choice: \[param, ...\]\}\}, got 'approach'"):
+            with pytest.raises(TypeError, match=r"Inactive parameters are \{param: .*\}, got 'approach'"):
                 sampler.set_inactive(bad)
         sampler.set_inactive({"not_a_parameter": {"x": ["y"]}})  # outside the space: left out
 
@@ -74,7 +78,8 @@ def test_the_best_first_search_finds_the_best_combination_outside_every_seen_mod
         scores = [dict(zip(range(n), rng.normal(size=n).tolist())) for n in n_choices]
         inactive = [(0, 0, (2, 3))] if n_choices[0] > 1 else []
         every = list(itertools.product(*[range(n) for n in n_choices]))
-        seen = Excluded([every[i] for i in rng.choice(len(every), size=len(every) // 2, replace=False)], inactive=inactive)
+        tried = rng.choice(len(every), size=len(every) // 2, replace=False)
+        seen = Excluded([every[i] for i in tried], inactive=inactive)
         free = [c for c in every if c not in seen]
         found = best_unseen_combination(scores, seen)
         if not free:

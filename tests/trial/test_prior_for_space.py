@@ -180,3 +180,25 @@ def test_the_faster_kernels_lead_among_the_choices_the_accuracy_target_allows() 
     assert timed.startup_params(space.distributions(), 3, TARGETS)[0]["granularity"] == "per_tensor"
     for guidance in (tied, missing):
         assert guidance.startup_params(space.distributions(), 3, TARGETS)[0]["granularity"] == "per_channel"
+
+
+def test_start_up_trials_that_build_one_model_are_queued_once() -> None:
+    # Under dynamic only a's layer choice builds another model: b and c are convolutions, say.
+    space = SearchSpace(
+        nodes=("a", "b", "c"), scopes=frozenset({"layer", "granularity", "approach"}),
+        approaches=("dynamic", "static"), dynamic_nodes=("a",),
+    )
+    errors = {("per_channel", "dynamic"): 0.2, ("per_tensor", "dynamic"): 0.05, ("per_channel", "static"): 0.3, ("per_tensor", "static"): 0.4}
+    guidance = dataclasses.replace(
+        _guidance(),
+        scope_errors=[{"params": {"granularity": g, "approach": a}, "error": e} for (g, a), e in errors.items()],
+    )
+    distributions = space.distributions()
+    by_params = guidance.startup_params(distributions, 5, TARGETS)
+    by_model = guidance.startup_params(distributions, 5, TARGETS, space.to_config)
+    assert all(p["approach"] == "dynamic" and p["granularity"] == "per_tensor" for p in by_params)
+    assert len({space.to_config(p) for p in by_params}) < len(by_params)  # reverting b or c alone repeats a model
+    assert len({space.to_config(p) for p in by_model}) == len(by_model) == 2
+    assert {p["layer:a"] for p in by_model} == {"int8", "fp32"}
+    tpe = oq.TPESampler(seed=0)
+    assert guidance_module.queued_params(guidance, tpe, 40, distributions, TARGETS, space.to_config) == by_model

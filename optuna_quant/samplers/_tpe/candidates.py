@@ -117,7 +117,7 @@ def _regions(
         if choice in scores[position]:
             rules = triggers.setdefault(position, {})
             rules[choice] = rules.get(choice, ()) + ignored
-    options = [[*((choice,) for choice in rules), tuple(set(scores[p]) - set(rules))] for p, rules in triggers.items()]
+    options = [[*((c,) for c in rules), tuple(set(scores[p]) - set(rules))] for p, rules in triggers.items()]
     for picks in itertools.product(*options):
         region = list(scores)
         ignored_positions: set[int] = set()
