@@ -4,7 +4,8 @@ at different loads, these from the same minutes.
 
 The study's configuration is picked among the ``--candidates`` configurations with the best
 median ``lat_diff`` over all their readings in the report, every reading within the accuracy
-target and the model quantized (:func:`benchmarks.real_models.run.config_medians`): each is built by
+target and the model quantized (:func:`benchmarks.real_models.run.config_medians`), each building
+another model than the ones before it (:meth:`~optuna_quant.trial.space.SearchSpace.to_config`): each is built by
 ``create_study``'s objective from its parameters as a trial builds it and timed for
 ``--select-rounds`` rounds of its own, and the best of those medians goes on. A configuration that
 one study read once ranks on that one reading; re-timing the first few keeps a lucky reading from
@@ -32,7 +33,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from collections.abc import Hashable  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -56,10 +61,14 @@ from benchmarks.real_models.workloads import build  # noqa: E402
 import optuna_quant  # noqa: E402
 
 
-def top_configurations(report: dict[str, Any], count: int) -> list[tuple[dict[str, Any], float]]:
+def top_configurations(
+    report: dict[str, Any], count: int, same: Callable[[dict[str, Any]], Hashable] | None = None
+) -> list[tuple[dict[str, Any], float]]:
     """The parameters of the report's ``count`` configurations with the best median ``lat_diff``
     among those that quantize something and whose every reading meets the accuracy target, each
-    with that median, best first.
+    with that median, best first. Configurations that ``same`` maps to one key (one model, say:
+    under the dynamic approach a convolution's layer choice builds nothing else) count once, by
+    the best of them.
 
     Raises:
         ValueError: If no study trial of the report meets the target with a quantized model.
@@ -78,30 +87,45 @@ def top_configurations(report: dict[str, Any], count: int) -> list[tuple[dict[st
             f"No study trial of the {report['model']} report meets acc_loss <= {acc_th} with a model that "
             "quantizes something."
         )
-    ranked = sorted(medians, key=medians.__getitem__, reverse=True)[:count]
+    ranked: list[tuple] = []
+    keys: set[Hashable] = set()
+    for config in sorted(medians, key=medians.__getitem__, reverse=True):
+        key = config if same is None else same(dict(config))
+        if key not in keys and len(ranked) < count:
+            keys.add(key)
+            ranked.append(config)
     return [(dict(config), medians[config]) for config in ranked]
 
 
-def study_models(
-    workload: Workload, configurations: dict[str, dict[str, Any]]
-) -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
-    """Per name, the int8 model of the configuration's parameters, built by ``create_study``'s
-    objective as a trial builds it, and the parameters it was built from: a parameter left out
-    (``{}`` is the study's reference trial; a report made before a scope existed lacks it) holds
-    its reference choice, as the code of that report did."""
+@contextmanager
+def open_study(workload: Workload) -> Iterator[optuna_quant.QuantStudy]:
+    """An in-memory study of ``workload``, whose objective builds models as a trial does."""
     with tempfile.TemporaryDirectory() as folder:
-        study = optuna_quant.create_study(
+        yield optuna_quant.create_study(
             **workload.study_kwargs(),
             accuracy_loss=ACCURACY_LOSS,
             storage=optuna.storages.InMemoryStorage(),
             benchmark=asdict(SETTINGS),
             artifact_dir=folder,
         )
-        built = {}
-        for name, params in configurations.items():
-            params = {**study.objective.space.default_params(), **params}
-            built[name] = (study.objective.build(params), params)
-        return built
+
+
+def full_params(study: optuna_quant.QuantStudy, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every parameter left out at its reference choice (``{}`` is the study's
+    reference trial; a report made before a scope existed lacks it), as the code of that report had it."""
+    return {**study.objective.space.default_params(), **params}
+
+
+def study_models(
+    study: optuna_quant.QuantStudy, configurations: dict[str, dict[str, Any]]
+) -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
+    """Per name, the int8 model of the configuration's parameters, built by ``study``'s objective
+    as a trial builds it, and the parameters it was built from (:func:`full_params`)."""
+    built = {}
+    for name, params in configurations.items():
+        params = full_params(study, params)
+        built[name] = (study.objective.build(params), params)
+    return built
 
 
 def retime(workload: Workload, models: dict[str, onnx.ModelProto], rounds: int) -> dict[str, Any]:
@@ -178,10 +202,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "versions": versions(),
     }
     configurations: dict[str, dict[str, Any]] = {"study reference": {}} if args.reference else {}
-    candidates = [] if args.report is None else top_configurations(json.loads(args.report.read_text()), args.candidates)
-    names = [f"candidate {rank}" for rank in range(1, len(candidates) + 1)]
-    configurations.update(zip(names, (params for params, _ in candidates)))
-    built = study_models(workload, configurations)
+    with open_study(workload) as study:
+        def model_of(params: dict[str, Any]) -> Hashable:
+            return study.objective.space.to_config(full_params(study, params))
+
+        report = None if args.report is None else json.loads(args.report.read_text())
+        candidates = [] if report is None else top_configurations(report, args.candidates, model_of)
+        names = [f"candidate {rank}" for rank in range(1, len(candidates) + 1)]
+        configurations.update(zip(names, (params for params, _ in candidates)))
+        built = study_models(study, configurations)
     if candidates:
         chosen, selection = pick(workload, {name: built[name][0] for name in names}, args.select_rounds)
         built["study best"] = built[chosen]

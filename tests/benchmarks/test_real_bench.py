@@ -312,6 +312,9 @@ def test_side_by_side_ranks_the_configurations_by_median_among_those_that_always
     report = {"model": "m", "accuracy_loss": 1.0, "runs": runs}
     assert top_configurations(report, 1) == [(steady, 1.5)]
     assert top_configurations(report, 5) == [(steady, 1.5), (fast, 1.3), (slow, 1.1)]
+    # Configurations that build one model count once, by the best of them.
+    one_model = {"steady": "a", "fast": "a", "slow": "b"}
+    assert top_configurations(report, 2, same=lambda params: one_model[params["x"]]) == [(steady, 1.5), (slow, 1.1)]
     for runs in ([{"trials": [_configured(unsafe, 0.02, 2.5)]}], runs[3:]):
         with pytest.raises(ValueError, match="No study trial of the m report meets .* quantizes something"):
             top_configurations({**report, "runs": runs}, 3)
@@ -330,7 +333,8 @@ def test_side_by_side_builds_a_study_configuration_and_measures_every_model_each
     study.optimize(n_trials=1)
     older = {name: "fp32" if name.startswith("layer") else value for name, value in study.trials[0].params.items()}
     del older["approach"]
-    built = side_by_side.study_models(workload, {"reference": {}, "all fp32": older})
+    with side_by_side.open_study(workload) as built_by:
+        built = side_by_side.study_models(built_by, {"reference": {}, "all fp32": older})
     (reference, params), (all_fp32, older_params) = built["reference"], built["all fp32"]
     assert params == study.trials[0].params  # {}: the reference trial's configuration
     # A report from before the approach scope: the configuration holds its reference choice.
