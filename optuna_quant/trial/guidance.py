@@ -336,8 +336,9 @@ class Guidance:
         built = {key(default)}
         unique = []
         for params in candidates:
-            if key(params) not in built:
-                built.add(key(params))
+            model = key(params)
+            if model not in built:
+                built.add(model)
                 unique.append(params)
         return unique[:n]
 
