@@ -36,7 +36,7 @@ from benchmarks.table import Table  # noqa: E402
 from benchmarks.table import TABLES_DIR  # noqa: E402
 from optuna_quant.measure.latency import measure_latency  # noqa: E402
 from optuna_quant.measure.sensitivity import measure_kernel_speed  # noqa: E402
-from optuna_quant.trial.guidance import all_int8  # noqa: E402
+from optuna_quant.trial.budget import all_int8  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
 
 

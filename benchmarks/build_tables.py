@@ -62,7 +62,7 @@ from optuna_quant.measure.loss import Targets  # noqa: E402
 from optuna_quant.measure.measurer import Measurement  # noqa: E402
 from optuna_quant.quantization.config import QuantConfig  # noqa: E402
 from optuna_quant.quantization.model_io import to_feeds  # noqa: E402
-from optuna_quant.trial.guidance import all_int8  # noqa: E402
+from optuna_quant.trial.budget import all_int8  # noqa: E402
 from optuna_quant.trial.guidance import measure_combinations  # noqa: E402
 from optuna_quant.trial.objective import QuantizationObjective  # noqa: E402
 from optuna_quant.trial.scoring import base_combination  # noqa: E402

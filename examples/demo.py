@@ -42,6 +42,7 @@ def demo_study(
     latency_reduce: float = LATENCY_REDUCE,
     study_name: str = "mnist-cnn-int8",
     trials_load_method: str = "cold_start",
+    sensitivity: bool | str = True,
 ) -> oq.QuantStudy:
     """The demo's study of its model in ``storage`` (a storage URL)."""
     return oq.create_study(
@@ -55,6 +56,7 @@ def demo_study(
         storage=storage,
         study_name=study_name,
         trials_load_method=trials_load_method,
+        sensitivity=sensitivity,
     )
 
 
@@ -68,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-reduce", type=float, default=LATENCY_REDUCE, help="speed-up (default 1.5)")
     parser.add_argument("--export", default="demo-out/mnist_cnn.int8.onnx")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--full-sensitivity", action="store_true", help="measure the whole sensitivity, whatever it costs"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         accuracy_loss=args.accuracy_loss,
         latency_reduce=args.latency_reduce,
+        sensitivity="full" if args.full_sensitivity else True,
     )
     with logs.quiet_onnxruntime():
         print(run_probe(study.objective).report(), flush=True)
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(best.configuration())
     print(f"Exported the int8 model to {Path(args.export).resolve()}")
+    print(study.time_report().summary())
     if study.figures.seconds:
         print(f"The dashboard's figures, stored after every trial, took {1000 * mean(study.figures.seconds):.0f} ms a trial.")
     print("Open the study in optuna-dashboard (then browse http://127.0.0.1:8080):")

@@ -201,13 +201,14 @@ def load_project_study(folder: Path, name: str = "cli") -> optuna.Study:
 def tuned(
     tmp_path_factory: pytest.TempPathFactory, cnn: onnx.ModelProto, calib: list[np.ndarray], agreement: Top1Accuracy
 ) -> Path:
-    """The config of a project whose study 'cli' holds three finished trials, run by the CLI.
+    """The config of a project whose study 'cli' holds three finished trials, run by the CLI,
+    with its whole sensitivity (``sensitivity: full``: three trials' share of the time would buy none).
 
     Module-scoped, not session-scoped, on purpose: every module gets its own project. test_cli
     adds a fine-tune study and files beside the config, while test_dashboard expects the storage
     to hold study 'cli' alone.
     """
-    config = write_project(tmp_path_factory.mktemp("tuned"), cnn, calib, agreement)
+    config = write_project(tmp_path_factory.mktemp("tuned"), cnn, calib, agreement, sensitivity="full")
     assert main(["tune", str(config)]) == 0
     return config
 

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stalled", default=None, help="the file --stall-at creates")
     # Off unless asked: the kill points count stages, and the sensitivity measurement after the
     # reference times and evaluates models too.
-    parser.add_argument("--sensitivity", action="store_true", help="measure the study's sensitivity (guidance)")
+    parser.add_argument("--sensitivity", action="store_true", help="measure the study's whole sensitivity (guidance)")
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
     if args.stall_at and not args.stalled:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         benchmark=FAST_BENCH,
         heartbeat_interval=interval,
         grace_period=grace,
-        sensitivity=args.sensitivity,
+        sensitivity="full" if args.sensitivity else False,
     )
     study.optimize(n_trials=args.n_trials)
     return 0

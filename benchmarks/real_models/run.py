@@ -8,7 +8,10 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
 
 - ``tpe``, ``gp``: optuna-quant's samplers; ``tpe+prior``, ``gp+prior``: the same with the
   per-layer sensitivity the study measures after its reference (``create_study(sensitivity=True)``:
-  the samplers' prior and start-up trials); ``optuna_tpe``: Optuna's TPESampler;
+  the samplers' prior and start-up trials); ``optuna_tpe``: Optuna's TPESampler; every study
+  runs the recipes after its reference (``recipes=True``) but ``tpe+full`` and ``gp+full``: the
+  studies as ``create_study`` ran them before the recipes, the whole sensitivity measured after
+  the reference (``sensitivity="full", recipes=False``);
 - ``ort_default``, ``ort_preprocessed``, ``ort_dynamic``..., ``nncf``: the recipes that need no
   tuning, and the peers ``inc`` and ``olive``, run with their own environment's python
   (:mod:`benchmarks.real_models.baselines`); each runs once, as seed 0.
@@ -73,7 +76,8 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "optuna_tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
 }
 PRIOR_SUFFIX = "+prior"
-TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe")
+FULL_SUFFIX = "+full"
+TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe", "tpe+full", "gp+full")
 METHODS = (*TUNING, *BASELINES)
 DEFAULT_METHODS = tuple(method for method in METHODS if method not in PEERS)
 
@@ -89,7 +93,7 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
     workload = build(model, **sizes)
     record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
-    sampler = SAMPLERS[method.removesuffix(PRIOR_SUFFIX)](seed)
+    sampler = SAMPLERS[method.removesuffix(PRIOR_SUFFIX).removesuffix(FULL_SUFFIX)](seed)
     with tempfile.TemporaryDirectory() as folder:
         opened, start = time.time(), time.perf_counter()
         study = optuna_quant.create_study(
@@ -103,8 +107,10 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             stop_on_target=False,
             benchmark=asdict(SETTINGS),
             artifact_dir=folder,
-            # The study measures its sensitivity once after the reference: the prior and start-up trials.
-            sensitivity=method.endswith(PRIOR_SUFFIX),
+            # +prior: the defaults (the recipes, then the sensitivity within its share of the time);
+            # +full: the defaults before the time-to-quality change (the whole sensitivity, no recipe).
+            sensitivity="full" if method.endswith(FULL_SUFFIX) else method.endswith(PRIOR_SUFFIX),
+            recipes=not method.endswith(FULL_SUFFIX),
         )
         record["setup_s"] = time.perf_counter() - start
         study.optimize(n_trials=trials)

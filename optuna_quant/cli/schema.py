@@ -97,11 +97,13 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "objective_mode": (lambda v: v in OBJECTIVE_MODES, f"one of {', '.join(OBJECTIVE_MODES)}"),
     "artifact_dir": (_string, "a folder path"),
     "pre_process": (lambda v: isinstance(v, bool) or v == "transformer", "true, false or transformer"),
-    "sensitivity": (lambda v: isinstance(v, bool), "true or false"),
+    "sensitivity": (lambda v: isinstance(v, bool) or v == "full", "true, false or full"),
+    "recipes": (lambda v: isinstance(v, bool), "true or false"),
 }
 STUDY_KEYS = (
     "accuracy_loss", "latency_reduce", "accuracy_weight", "latency_weight", "stop_on_target",
     "sampler", "seed", "scopes", "nodes", "layer_groups", "objective_mode", "artifact_dir", "pre_process", "sensitivity",
+    "recipes",
 )
 """The keys passed to ``create_study`` unchanged when given."""
 

@@ -89,6 +89,17 @@ def _family(range_estimator: str) -> tuple[CalibrationMethod, dict[str, object]]
     return CalibrationMethod.Percentile, {}
 
 
+def calibration_family(range_estimator: str) -> str:
+    """The calibration that ``range_estimator`` needs, by onnxruntime's name (``"MinMax"``,
+    ``"Entropy"`` or ``"Percentile"``, which every percentile shares), as :attr:`Quantizer.calibration_seconds` keys it.
+
+    Example:
+        >>> calibration_family("percentile_99.9")
+        'Percentile'
+    """
+    return _family(range_estimator)[0].name
+
+
 def _percentile(range_estimator: str) -> float | None:
     if range_estimator.startswith("percentile_"):
         return float(range_estimator.removeprefix("percentile_"))

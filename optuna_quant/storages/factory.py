@@ -62,8 +62,9 @@ def open_storage(storage: str | BaseStorage | None = None, *, grace_period: int 
             died, is taken over: the same silence after which its trial is.
 
     Raises:
-        StorageError: If the URL is malformed or of another kind, its driver is missing, or the
-            storage cannot be reached.
+        StorageError: If the URL is malformed (an unescaped ``@`` in its password among them) or
+            of another kind, its driver is missing, or the storage cannot be reached; its
+            message never holds the password.
     """
     if isinstance(storage, BaseStorage):
         return storage
@@ -75,9 +76,22 @@ def open_storage(storage: str | BaseStorage | None = None, *, grace_period: int 
     if address is not None:
         return _open_proxy(url, *address)
     try:
-        dialect = make_url(url).get_backend_name()
-    except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is no number
+        parsed = make_url(url)
+        dialect = parsed.get_backend_name()
+    except sqlalchemy.exc.ArgumentError as err:
         raise StorageError(f"Storage URL {masked_url(url)!r} is not a database URL: {err}") from err
+    except ValueError as err:  # a port that is no number; its message may quote a piece of the password
+        raise StorageError(
+            f"Storage URL {masked_url(url)!r} is not a database URL: its port is no number, or its user "
+            "name or password holds an unescaped ':', '@' or '/' (write them as %3A, %40, %2F)."
+        ) from err
+    if "@" in (parsed.host or ""):
+        # SQLAlchemy splits at the first "@": the rest of the password would reach the driver,
+        # and its error message, as part of the host name.
+        raise StorageError(
+            f"Storage URL {masked_url(url)!r}: its user name or password holds an unescaped '@'; "
+            "write it as %40 (urllib.parse.quote(password, safe='') escapes every such character)."
+        )
     if dialect not in DATABASES:
         raise StorageError(
             f"Storage URL {masked_url(url)!r} is no storage optuna-quant's workers can share: use "

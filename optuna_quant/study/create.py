@@ -40,6 +40,7 @@ from optuna_quant.study.load_methods import open_study
 from optuna_quant.study.load_methods import plan_load
 from optuna_quant.study.study import QuantStudy
 from optuna_quant.trial import records
+from optuna_quant.trial.budget import SENSITIVITY_SHARE
 from optuna_quant.trial.objective import OBJECTIVE_MODES
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.space import LAYER_PREFIX
@@ -49,6 +50,8 @@ from optuna_quant.trial.space import SCOPES
 __all__ = ["create_study"]
 
 METRIC_NAMES = {"loss": ["loss"], "pareto": ["acc_loss", "lat_diff"]}
+SENSITIVITY_CHOICES: tuple[bool | str, ...] = (True, False, "full")
+"""``create_study``'s ``sensitivity``: within its share of the study's time, none, or all of it."""
 
 
 def create_study(
@@ -78,7 +81,8 @@ def create_study(
     heartbeat_interval: int = HEARTBEAT_INTERVAL,
     grace_period: int = GRACE_PERIOD,
     pre_process: bool | str = True,
-    sensitivity: bool = True,
+    sensitivity: bool | str = True,
+    recipes: bool = True,
     latency_data: Any = None,
     layer_groups: str | None = None,
 ) -> QuantStudy:
@@ -133,10 +137,15 @@ def create_study(
             folding, graph optimization) before quantizing it; ``"transformer"`` runs
             onnxruntime's transformer optimizer after it. fp32 accuracy and latency are measured
             on the model as given (see :mod:`optuna_quant.quantization.prepare`).
-        sensitivity: After the reference trial, measure once what each choice and each layer
-            costs and store it with the study (the dashboard's sensitivity chart); it becomes the
-            prior of optuna-quant's samplers and queues a few start-up trials (see
-            :mod:`optuna_quant.trial.guidance`).
+        sensitivity: After the reference and the recipes, measure once what each choice and
+            each layer costs and store it with the study (the dashboard's sensitivity chart); it
+            becomes the prior of optuna-quant's samplers and queues a few start-up trials (see
+            :mod:`optuna_quant.trial.guidance`). ``True`` measures what a quarter of the study's
+            time affords (:mod:`optuna_quant.trial.budget`), ``"full"`` all of it whatever it
+            costs, ``False`` nothing.
+        recipes: Queue the simple recipes (dynamic and static, per tensor and per channel:
+            :mod:`optuna_quant.trial.recipes`) right after the reference, cheapest first, so
+            that the study holds the best of them within a few trials.
         latency_data: The input to time every model on, as you will run it: a
             ``{input_name: array}`` dict (an array for a single input) at the batch and sequence
             length of production. Default: ``benchmark.batch_size`` samples of the calibration
@@ -159,6 +168,8 @@ def create_study(
     logs.compact_trial_lines(map(logging.getLogger, TRIAL_LINE_LOGGERS), LAYER_PREFIX)  # Optuna's, where shown
     if objective_mode not in OBJECTIVE_MODES:
         raise ValueError(f"Unknown objective_mode {objective_mode!r}; choose from {OBJECTIVE_MODES}.")
+    if sensitivity not in SENSITIVITY_CHOICES:
+        raise ValueError(f"sensitivity must be one of {SENSITIVITY_CHOICES}, got {sensitivity!r}.")
     targets = Targets(accuracy_loss, latency_reduce, accuracy_weight, latency_weight)
     eval_fn = eval_function(eval_fn, eval_data)
     if isinstance(benchmark, dict):
@@ -185,7 +196,8 @@ def create_study(
         fp32_accuracy=metrics, eval_subset_size=eval_subset_size, pre_process=pre_process,
         stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, heartbeat=heartbeat,
         claim_locks=claim_locks(storage_obj, plan.name, heartbeat),
-        guided=sensitivity, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
+        guided=bool(sensitivity), sensitivity_share=None if sensitivity == "full" else SENSITIVITY_SHARE,
+        recipes=recipes, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     if plan.method == "eval":

@@ -39,6 +39,8 @@ from optuna_quant.trial import records
 from optuna_quant.trial.objective import QuantizationObjective
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
+from optuna_quant.trial.timing import time_report
+from optuna_quant.trial.timing import TimeReport
 from optuna_quant.visualization.dashboard import DashboardFigures
 
 
@@ -163,6 +165,7 @@ class QuantStudy:
             best = self.best_result
             if best is not None:
                 _logger.info(best.summary())
+                _logger.info(self.time_report().summary())
                 if self.run_trials:
                     upload_model(self.study, self.artifact_dir, self.lock, best.number, lambda: self._model_of(best))
         return best
@@ -177,6 +180,17 @@ class QuantStudy:
         """
         trial = best_trial(self.study.get_trials(deepcopy=False), self.targets)
         return None if trial is None else BestResult.from_trial(trial, self.targets)
+
+    def time_report(self) -> TimeReport:
+        """How long the study took to its best model and in all, and where the time went
+        (:mod:`optuna_quant.trial.timing`).
+
+        Example:
+            >>> study.time_report().to_best_seconds   # doctest: +SKIP
+            41.2
+        """
+        trials = self.study.get_trials(deepcopy=False)
+        return time_report(trials, best_trial(trials, self.targets), records.sensitivity_seconds(self.study))
 
     @property
     def node_modules(self) -> dict[str, str]:

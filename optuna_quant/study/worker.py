@@ -8,12 +8,16 @@ the next worker. The lock is held for a few storage calls of one row each; then 
 (:class:`optuna_quant.storages.heartbeat.Heartbeat`) while its objective runs:
 
 1. fail the trials of dead workers (their heartbeat went stale: they are queued again);
-2. stop at the deadline, or once a trial met both targets (``stop_on_target``);
+2. stop at the deadline once the reference stored its scaling (a study ends with a model, never
+   with nothing: the reference runs whatever the deadline), or once a trial met both targets
+   (``stop_on_target``);
 3. until the reference stored its scaling: wait while it runs, pop it (or a trial the user
    queued) if one is queued, queue it if it is missing and the budget has room;
-4. pop a queued trial (a retry of a dead worker's trial counts once in the budget);
+4. pop a queued trial (a retry of a dead worker's trial counts once in the budget): the
+   reference's worker queued the recipes (:mod:`optuna_quant.trial.recipes`);
 5. run a new trial while the budget (``n_trials``, the study's total over every worker: finished,
-   running and queued trials) has room;
+   running and queued trials) has room; in a guided study, the first worker to get here measures
+   the sensitivity before it (:mod:`optuna_quant.study.guiding`);
 6. otherwise wait while other workers' trials run (one of them may die and be queued again), or
    stop.
 
@@ -54,6 +58,7 @@ from optuna_quant.storages.heartbeat import queue_again
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.storages.rdb import optuna_warnings_off
 from optuna_quant.storages.waiting import Waiter
+from optuna_quant.study import guiding
 from optuna_quant.trial import guidance
 from optuna_quant.trial import records
 from optuna_quant.trial.objective import QuantizationObjective
@@ -112,7 +117,8 @@ def decide(
         trials: Every trial of the study, read under the study lock.
         n_trials: The study's total trials; ``None`` for no limit.
         reference_stored: Whether the reference stored its loss scaling.
-        past_deadline: Whether the worker's timeout has passed.
+        past_deadline: Whether the worker's timeout has passed: it stops, once the reference is
+            stored or runs in another worker.
         stop_targets: The targets whose first trial to meet both stops the study
             (``stop_on_target``); ``None`` not to stop on them.
 
@@ -125,8 +131,10 @@ def decide(
         (<Step.RUN: 'run'>, '')
         >>> decide([], n_trials=1, reference_stored=False)
         (<Step.QUEUE_REFERENCE: 'queue_reference'>, '')
+        >>> decide([], n_trials=1, reference_stored=False, past_deadline=True)  # a study ends with a model
+        (<Step.QUEUE_REFERENCE: 'queue_reference'>, '')
     """
-    if past_deadline:
+    if past_deadline and reference_stored:
         return Step.STOP, ""
     if stop_targets is not None and target_reached(trials, stop_targets) is not None:
         return Step.STOP, ""
@@ -137,7 +145,7 @@ def decide(
         # A running reference first: a second queued one (a retry beside a fresh one) waits, and
         # runs once the scaling is stored, as an ordinary copy of the first.
         if running:
-            return Step.WAIT, f"the reference trial {running[0]}"
+            return (Step.STOP, "") if past_deadline else (Step.WAIT, f"the reference trial {running[0]}")
         # A queued reference is popped; so is a trial the user queued, whose objective measures
         # the reference before it.
         if waiting:
@@ -190,6 +198,7 @@ class Worker:
         self.bar = tqdm(total=n_trials, disable=not show_progress_bar, unit="trial")
         self.waiter = Waiter(heartbeat)
         self.reference_stored = False
+        self.guidance_settled = not objective.settings.guided
 
     def run(self) -> None:
         """Run trials until the study needs no more from this worker.
@@ -207,6 +216,8 @@ class Worker:
                 step, trials = self.waiter.watch(self.lock, self.study, self._look)
                 if step == Step.STOP:
                     return
+                if step == Step.RUN and not self.guidance_settled and self._guide(trials):
+                    continue  # look again: the start-up trials it queued come first
                 self._take_prior()
                 trial_id = self._take_trial(step, trials)
                 if trial_id is not None:
@@ -224,6 +235,22 @@ class Worker:
             stop_targets=self.objective.targets if self.objective.settings.stop_on_target else None,
         )
         return (None, waiting_on) if step == Step.WAIT else ((step, trials), "")
+
+    def _guide(self, trials: Sequence[FrozenTrial]) -> bool:
+        """Measure the sensitivity here if it is due; whether this worker measured it. Once any
+        worker claimed it, this one no longer looks."""
+        measured = False
+        if self.reference_stored and guiding.due(self.study, trials, self.objective.settings):
+            seconds_left = None if self.deadline is None else self.deadline - time.monotonic()
+            measured = guiding.measure_when_claimed(
+                self.study, self.objective, self.lock, trials, self.n_trials, seconds_left, self._room
+            )
+        self.guidance_settled = guiding.settled(self.study)
+        return measured
+
+    def _room(self) -> int | None:
+        """The trials the budget has room for now, others' made since any read counted."""
+        return None if self.n_trials is None else self.n_trials - counted_trials(self.study.get_trials(deepcopy=False))
 
     def _take_prior(self) -> None:
         """Give the sampler the study's prior as it stands: the measured one, and the choices any

@@ -35,14 +35,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Collection
 from collections.abc import Hashable
 from collections.abc import Mapping
 from collections.abc import Sequence
 import dataclasses
 from dataclasses import dataclass
 import functools
-import itertools
 import logging
 import math
 import time
@@ -71,6 +69,11 @@ from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
+from optuna_quant.trial.budget import all_int8
+from optuna_quant.trial.budget import FULL
+from optuna_quant.trial.budget import MEASURED_SAMPLES
+from optuna_quant.trial.budget import scope_combinations
+from optuna_quant.trial.budget import SensitivityPlan
 from optuna_quant.trial.scoring import base_combination
 from optuna_quant.trial.scoring import base_loss
 from optuna_quant.trial.scoring import choice_scores
@@ -88,55 +91,29 @@ MAX_STARTUP_TRIALS = 5
 """Start-up trials queued at most; fewer on a small budget (one per four trials of it)."""
 
 
-ONE_AT_A_TIME = ("weight_type",)
-"""Parameters whose choices are measured one at a time, at the lowest-error combination of the
-others, instead of in every combination: ``weight_type``'s three choices would triple the
-models measured, for a choice that depends on the CPU's kernels more than on the other scopes."""
-
-
-def scope_combinations(
-    distributions: Mapping[str, CategoricalDistribution], held: Collection[str] = ()
-) -> list[dict[str, Any]]:
-    """Every combination of the choices of the parameters other than layers, the first choices
-    first; a parameter of ``held`` at its first choice.
-
-    Example:
-        >>> from optuna.distributions import CategoricalDistribution as C
-        >>> scope_combinations({"layer:a": C(["int8", "fp32"]), "granularity": C(["per_channel", "per_tensor"])})
-        [{'granularity': 'per_channel'}, {'granularity': 'per_tensor'}]
-        >>> scope_combinations({"granularity": C(["per_channel", "per_tensor"]), "weight_type": C(["int8", "int7"])}, ["weight_type"])
-        [{'granularity': 'per_channel', 'weight_type': 'int8'}, {'granularity': 'per_tensor', 'weight_type': 'int8'}]
-    """
-    names = [name for name in distributions if not name.startswith(LAYER_PREFIX)]
-    product = itertools.product(*(distributions[name].choices[:1] if name in held else distributions[name].choices for name in names))
-    return [dict(zip(names, values)) for values in product]
-
-
-def all_int8(space: SearchSpace, params: Mapping[str, Any]) -> QuantConfig:
-    """The configuration of ``space`` with the other scopes' ``params`` and every layer int8."""
-    return space.to_config({**space.default_params(), **params})
-
-
 def measure_space(
     fp32_model: onnx.ModelProto,
     quantizer: Quantizer,
     feeds: Sequence[Feed],
     space: SearchSpace,
     *,
-    n_samples: int = 32,
+    n_samples: int = MEASURED_SAMPLES,
     profile_runs: int = 20,
     settings: BenchmarkSettings | None = None,
     revert_timing: BenchmarkSettings | None = REVERT_TIMING,
     timing_feed: Feed | None = None,
     targets: Targets | None = None,
     reference_acc_loss: float | None = None,
+    plan: SensitivityPlan = FULL,
 ) -> tuple[list[ScopeError], dict[str, LayerSensitivity], list[PairRecovery]]:
     """What a study measures once: :func:`measure_combinations` of ``space``'s other parameters
-    and of the ``layer`` scope's parameters (``space.units()``: each node, or each group of nodes).
+    and of the ``layer`` scope's parameters (``space.units()``: each node, or each group of nodes),
+    as much of it as ``plan`` says (:mod:`optuna_quant.trial.budget`).
 
     The scope errors cost one quantized model per combination (120 for every scope on a model
-    with three ``op_types`` choices), plus one per other choice of the parameters of
-    :data:`ONE_AT_A_TIME`, and the timing of each set of kernels
+    with three ``op_types`` choices; one per choice where ``plan`` measures them one at a time),
+    plus one per other choice of the parameters of
+    :data:`~optuna_quant.trial.budget.ONE_AT_A_TIME`, and the timing of each set of kernels
     (:func:`~optuna_quant.measure.sensitivity.measure_kernel_speed`, a trial's timing as
     ``settings`` say; none when ``revert_timing`` is ``None`` or the reference misses the
     accuracy target, where the prior does not use it); the layers what
@@ -153,7 +130,7 @@ def measure_space(
         >>> prior = choice_scores(sens, acc_loss=0.03, accuracy_target=0.01, scope_errors=errors, pairs=pairs)  # doctest: +SKIP
     """
     distributions = space.distributions()
-    held = [name for name in ONE_AT_A_TIME if name in distributions]
+    held = plan.held(distributions)
     # Untimed where the prior would not use them: the timing cost 114 s on all-MiniLM-L6-v2.
     ranked = targets is None or reference_acc_loss is None or ranks_kernels(reference_acc_loss, targets.acc_th)
     return measure_combinations(
@@ -162,14 +139,14 @@ def measure_space(
         feeds,
         scope_combinations(distributions, held),
         functools.partial(all_int8, space),
-        space.units() if "layer" in space.scopes else {},  # no layer searched: nothing to guide
+        space.units() if "layer" in space.scopes and plan.layers else {},  # no layer searched: nothing to guide
         one_at_a_time={name: distributions[name].choices for name in held},
         n_samples=n_samples,
         profile_runs=profile_runs,
         settings=settings,
         revert_timing=revert_timing,
         timing_feed=timing_feed,
-        time_kernels=revert_timing is not None and ranked,
+        time_kernels=revert_timing is not None and ranked and plan.time_kernels,
         reference_acc_loss=reference_acc_loss,
         accuracy_target=None if targets is None else targets.acc_th,
     )
@@ -271,6 +248,7 @@ class Guidance:
             same combination (:func:`~optuna_quant.measure.interactions.measure_pairs`).
         base_acc_loss: The loss a trial measured at :meth:`base_params`, where it replaces the
             predicted one (:meth:`measured_at_base`); not stored, the trials hold it.
+        plan: The name of the :class:`~optuna_quant.trial.budget.SensitivityPlan` measured.
     """
 
     layers: dict[str, LayerSensitivity]
@@ -279,6 +257,7 @@ class Guidance:
     seconds: float = 0.0
     pairs: tuple[PairRecovery, ...] = ()
     base_acc_loss: float | None = None
+    plan: str = FULL.name
 
     def prior(self, targets: Targets, space: SearchSpace) -> dict[str, dict[Any, float]]:
         """Per-choice scores for ``sampler.set_prior``, for the parameters of ``space``."""
@@ -312,7 +291,7 @@ class Guidance:
         base = self.base_params(distributions, targets)
         candidates = [base]
         units = [name.removeprefix(LAYER_PREFIX) for name in distributions if name.startswith(LAYER_PREFIX)]
-        if units:
+        if units and self.layers:  # a plan without the layers leaves them to the samplers
             # A pair that recovers together what neither does alone is one no single revert reaches.
             interacting = interacting_pairs(
                 self.layers,
@@ -393,6 +372,7 @@ class Guidance:
             "reference_acc_loss": self.reference_acc_loss,
             "seconds": self.seconds,
             "pairs": [pair.to_dict() for pair in self.pairs],
+            "plan": self.plan,
         }
         return layers, rest
 
@@ -406,12 +386,21 @@ class Guidance:
             seconds=float(rest.get("seconds", 0.0)),
             # Guidance stored before pairs were measured has none.
             pairs=tuple(PairRecovery.from_dict(pair) for pair in rest.get("pairs", ())),
+            plan=str(rest.get("plan", FULL.name)),
         )
 
 
-def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss: float, targets: Targets) -> Guidance:
-    """Measure the guidance of ``space`` for ``targets`` on ``measurer``'s prepared model and calibration data."""
-    _logger.info("Sensitivity: measuring every scope's choices and every layer, once per study ...")
+def measure_guidance(
+    measurer: Measurer, space: SearchSpace, reference_acc_loss: float, targets: Targets, plan: SensitivityPlan = FULL
+) -> Guidance:
+    """Measure the guidance of ``space`` for ``targets`` on ``measurer``'s prepared model and
+    calibration data, as much of it as ``plan`` says."""
+    _logger.info(
+        "Sensitivity: measuring %s, once per study (plan %r, estimated %.0f s) ...",
+        "every scope's choices and every layer" if plan.layers else "the other scopes' choices",
+        plan.name,
+        plan.estimate_seconds,
+    )
     start = time.perf_counter()
     scope_errors, layers, pairs = measure_space(
         measurer.prepared.prepared,
@@ -422,10 +411,11 @@ def measure_guidance(measurer: Measurer, space: SearchSpace, reference_acc_loss:
         timing_feed=measurer.latency_feed,
         targets=targets,
         reference_acc_loss=reference_acc_loss,
+        plan=plan,
     )
     seconds = time.perf_counter() - start
-    _logger.info("Sensitivity: measured %d layers in %.1f s", len(layers), seconds)
-    return Guidance(layers, scope_errors, reference_acc_loss, seconds, tuple(pairs))
+    _logger.info("Sensitivity: measured %d combinations and %d layers in %.1f s", len(scope_errors), len(layers), seconds)
+    return Guidance(layers, scope_errors, reference_acc_loss, seconds, tuple(pairs), plan=plan.name)
 
 
 def prior_for_space(
@@ -489,8 +479,10 @@ def guide_study(
     reference_acc_loss: float,
     budget: int | None,
     targets: Targets,
+    plan: SensitivityPlan = FULL,
+    room: Callable[[], int | None] = lambda: None,
 ) -> None:
-    """Measure and store the guidance, and queue the start-up trials (the reference's worker).
+    """Measure and store the guidance, and queue the start-up trials (one worker, once).
 
     Args:
         study: The study.
@@ -500,17 +492,21 @@ def guide_study(
         reference_acc_loss: The reference's ``acc_loss``, which the prior shares out.
         budget: The study's trials in total, if known: at most one start-up trial per four.
         targets: The study's targets: which pairs of layers interact enough to be queued.
+        plan: What to measure (:func:`optuna_quant.trial.budget.plan_sensitivity`).
+        room: The trials the budget still has room for, read under the lock (``None``: no
+            limit): the other workers made trials while this one measured.
     """
     if records.stored_guidance(study) is not None:
-        return  # a worker killed after storing it had its reference run again: measured already
-    guidance = measure_guidance(measurer, space, reference_acc_loss, targets)
+        return
+    guidance = measure_guidance(measurer, space, reference_acc_loss, targets, plan)
     failures.forbid(study, lock, failures.failing_in_measurement(guidance.scope_errors))
     with lock():
         if records.stored_guidance(study) is not None:
             return  # another worker's retry of the reference stored it meanwhile
         records.store_guidance(study, *guidance.to_records())
         queued = queued_params(guidance, study.sampler, budget, space.distributions(), targets, space.to_config)
-        for params in queued:
+        left = room()
+        for params in queued if left is None else queued[: max(0, left)]:
             study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -45,13 +45,14 @@ from optuna_quant.storages.lock import ClaimLocks
 from optuna_quant.storages.lock import StudyLock
 from optuna_quant.trial import failures
 from optuna_quant.trial import records
+from optuna_quant.trial.budget import SENSITIVITY_SHARE
 from optuna_quant.trial.claim import claim
-from optuna_quant.trial.guidance import guide_study
 from optuna_quant.trial.guidance import set_prior as guide_prior
+from optuna_quant.trial.recipes import recipe_limit
+from optuna_quant.trial.recipes import recipe_params
 from optuna_quant.trial.reference import measure_reference
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.reference import store_reference
-from optuna_quant.trial.reference import WHAT
 from optuna_quant.trial.results import recorded
 from optuna_quant.trial.results import result_of
 from optuna_quant.trial.space import SCOPES
@@ -73,17 +74,25 @@ class TrialSettings:
             the objective prunes a running one before measuring.
         objective_mode: ``"loss"`` returns POT's loss (minimise); ``"pareto"`` returns
             ``(acc_loss, lat_diff)`` for a study with directions ``["minimize", "maximize"]``.
-        guided: After the reference, measure the sensitivity once, give the samplers its prior
-            and queue start-up trials (:mod:`optuna_quant.trial.guidance`).
+        guided: Once the reference and the recipes ran, measure the sensitivity once, give the
+            samplers its prior and queue start-up trials (:mod:`optuna_quant.study.guiding`).
+        sensitivity_share: The share of the study's time the sensitivity may take
+            (:mod:`optuna_quant.trial.budget`); ``None``: all of it, whatever it costs.
+        recipes: Queue the simple recipes (:mod:`optuna_quant.trial.recipes`) right after the
+            reference.
     """
 
     stop_on_target: bool = False
     objective_mode: str = "loss"
     guided: bool = False
+    sensitivity_share: float | None = SENSITIVITY_SHARE
+    recipes: bool = False
 
     def __post_init__(self) -> None:
         if self.objective_mode not in OBJECTIVE_MODES:
             raise ValueError(f"Unknown objective_mode {self.objective_mode!r}; choose from {OBJECTIVE_MODES}.")
+        if self.sensitivity_share is not None and not 0 < self.sensitivity_share <= 1:
+            raise ValueError(f"sensitivity_share must be in (0, 1], got {self.sensitivity_share!r}.")
 
 
 class QuantizationObjective:
@@ -109,7 +118,11 @@ class QuantizationObjective:
             ``lock`` for every configuration if ``None``.
         heartbeat: This worker's heartbeat, which ends a wait on a dead worker's trial; none
             needed for a single process.
-        guided: Measure the sensitivity after the reference (:class:`TrialSettings`);
+        guided: Measure the sensitivity after the reference and the recipes
+            (:class:`TrialSettings`); ``create_study`` sets it.
+        sensitivity_share: The share of the study's time the sensitivity may take
+            (:class:`TrialSettings`).
+        recipes: Queue the simple recipes after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
 
     Attributes:
@@ -142,11 +155,19 @@ class QuantizationObjective:
         heartbeat: Heartbeat | None = None,
         pre_process: bool | str = True,
         guided: bool = False,
+        sensitivity_share: float | None = SENSITIVITY_SHARE,
+        recipes: bool = False,
         latency_data: Any = None,
         layer_groups: str | None = None,
         module_of_node: Mapping[str, str] | None = None,
     ) -> None:
-        self.settings = TrialSettings(stop_on_target=stop_on_target, objective_mode=objective_mode, guided=guided)
+        self.settings = TrialSettings(
+            stop_on_target=stop_on_target,
+            objective_mode=objective_mode,
+            guided=guided,
+            sensitivity_share=sensitivity_share,
+            recipes=recipes,
+        )
         self.measurer = Measurer(
             model,
             calibration_data,
@@ -299,15 +320,10 @@ class QuantizationObjective:
         except ReferenceMeasurementError as err:
             records.record_failure(trial, err)
             raise
-        if self.settings.guided:
-            # Before the scaling is stored: the other workers wait for the reference until then, so
-            # they start with the prior, and a worker killed here has its reference trial run again.
-            try:
-                guide_study(
-                    trial.study, self.lock, self.measurer, self.space, measurement.acc_loss, max_trials, self.targets
-                )
-            except Exception as err:  # the guidance helps the search; the study goes on without it
-                _logger.warning("%s: the sensitivity measurement failed, the search goes on unguided: %r", WHAT, err)
+        if self.settings.recipes:
+            # Before the scaling is stored, which the other workers wait for: they start on them.
+            with self.lock():
+                records.enqueue_recipes(trial.study, recipe_params(self.space, recipe_limit(max_trials)))
         self._adopt(store_reference(trial.study, self.lock, self.measurer.baseline(), measurement, scaling))
         loss = self.loss(measurement)
         self.record(trial, measurement, loss)

@@ -61,17 +61,23 @@ GUIDANCE_KEY = "guidance"
 FORBIDDEN_KEY = "forbidden_choices"
 INT8_CLASS_KEY = "int8_class"
 ONNXRUNTIME_KEY = "onnxruntime"
+RECIPE_KEY = "recipe"
+RECIPES_KEY = "recipes"
+SENSITIVITY_PLAN_KEY = "sensitivity_plan"
 # The measurement's keys: :meth:`optuna_quant.measure.measurer.Measurement.user_attrs` writes
 # them, in a layer below this one; the objective adds the loss.
 ACC_LOSS_KEY = "acc_loss"
 LAT_DIFF_KEY = "lat_diff"
 QUANTIZED_KEY = "quantized"
 ACCURACY_KEY = "accuracy"
+QUANTIZE_SECONDS_KEY = "quantize_s"
+EVAL_SECONDS_KEY = "eval_s"
+LATENCY_SECONDS_KEY = "latency_s"
 LOSS_KEY = "loss"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the ``worker`` attr of the trials it runs names it."""
 # Attrs of a trial that say who ran it, not what it measured: a duplicate copies none of them.
-_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY, INT8_CLASS_KEY, ONNXRUNTIME_KEY)
+_RUN_KEYS = (WORKER_KEY, REFERENCE_KEY, MEASURING_KEY, INT8_CLASS_KEY, ONNXRUNTIME_KEY, RECIPE_KEY)
 
 
 def share_records(
@@ -215,6 +221,60 @@ def stored_guidance(study: optuna.Study) -> tuple[dict[str, Any], dict[str, Any]
 def stored_sensitivity(study: optuna.Study) -> dict[str, dict[str, Any]] | None:
     """The per-layer sensitivity stored by :func:`store_guidance`, or ``None``."""
     return study.user_attrs.get(SENSITIVITY_KEY)
+
+
+def enqueue_recipes(study: optuna.Study, recipes: list[tuple[str, dict[str, Any]]]) -> None:
+    """Queue the recipe trials (:mod:`optuna_quant.trial.recipes`) once per study (call under the lock)."""
+    if RECIPES_KEY in study.user_attrs:
+        return
+    for name, params in recipes:
+        study.enqueue_trial(params, user_attrs={RECIPE_KEY: name}, skip_if_exists=True)
+    study.set_user_attr(RECIPES_KEY, [name for name, _ in recipes])
+
+
+def recipe(trial: FrozenTrial) -> str | None:
+    """The recipe that ``trial`` was queued as, or ``None``."""
+    return trial.user_attrs.get(RECIPE_KEY)
+
+
+def sensitivity_plan(study: optuna.Study) -> dict[str, Any] | None:
+    """What the study decided to measure of its sensitivity (:func:`claim_sensitivity`), or ``None``."""
+    return study.user_attrs.get(SENSITIVITY_PLAN_KEY)
+
+
+def claim_sensitivity(study: optuna.Study) -> bool:
+    """Make this worker the one that measures the study's sensitivity, unless one is (call under
+    the lock); whether it is."""
+    if study.user_attrs.get(SENSITIVITY_PLAN_KEY) is not None or stored_guidance(study) is not None:
+        return False
+    study.set_user_attr(SENSITIVITY_PLAN_KEY, {"worker": WORKER})
+    return True
+
+
+def store_sensitivity_plan(study: optuna.Study, plan: Mapping[str, Any] | None) -> None:
+    """Record what the claiming worker measures; ``None`` releases the claim (an interrupted worker)."""
+    study.set_user_attr(SENSITIVITY_PLAN_KEY, None if plan is None else {"worker": WORKER, **plan})
+
+
+def sensitivity_seconds(study: optuna.Study) -> float:
+    """What the study's sensitivity measurement took (0 before it, or without it)."""
+    return float(study.user_attrs.get(GUIDANCE_KEY, {}).get("seconds", 0.0))
+
+
+def seconds_spent(trial: FrozenTrial) -> tuple[float, float, float]:
+    """The seconds that ``trial``'s own measurement spent quantizing, evaluating and timing;
+    zeros for a trial that copied another's."""
+    attrs = trial.user_attrs
+    if DUPLICATE_KEY in attrs:
+        return 0.0, 0.0, 0.0
+    keys = (QUANTIZE_SECONDS_KEY, EVAL_SECONDS_KEY, LATENCY_SECONDS_KEY)
+    quantize, evaluate, timing = (float(attrs.get(key, 0.0)) for key in keys)
+    return quantize, evaluate, timing
+
+
+def latency_seconds(trial: FrozenTrial) -> float | None:
+    """What timing ``trial``'s model took, where it measured one."""
+    return trial.user_attrs.get(LATENCY_SECONDS_KEY)
 
 
 def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:

@@ -23,6 +23,7 @@ from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import BestResult
 from optuna_quant.trial.results import recorded
+from optuna_quant.trial.timing import time_report
 from optuna_quant.visualization.figures import figures_of
 from optuna_quant.visualization.figures import study_targets
 
@@ -57,6 +58,7 @@ def render_report(study: optuna.Study) -> str:
         "accuracy target": f"acc_loss <= {targets.acc_th:.4f} (accuracy_loss {targets.accuracy_loss} %)",
         "latency target": f"lat_diff >= {targets.lat_th:.4f} (latency_reduce)",
         "best": result.summary(),
+        "time": time_report(trials, best, records.sensitivity_seconds(study)).summary(),
     }
     measured = {"acc_loss": result.acc_loss, "lat_diff": result.lat_diff}
     accuracy = records.int8_accuracy(best)

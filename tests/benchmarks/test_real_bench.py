@@ -272,7 +272,7 @@ def test_stored_reports_merge_runs_and_refuse_other_settings(tmp_path) -> None:
 @needs("silero_vad", tool="espeak-ng")
 def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys) -> None:
     out = tmp_path / "vad.json"
-    argv = ["--model", "silero_vad", "--seeds", "1", "--trials", "2", "--methods", "tpe+prior,ort_default",
+    argv = ["--model", "silero_vad", "--seeds", "1", "--trials", "2", "--methods", "tpe+full,ort_default",
             "--eval-size", "2", "--calibration-size", "2", "--out", str(out)]
     report = run.main(argv)
     study, baseline = report["runs"]
@@ -285,7 +285,7 @@ def test_runner_runs_a_study_and_a_baseline_in_fresh_processes(tmp_path, capsys)
     assert baseline["versions"]["onnx"] == onnx.__version__  # a baseline's run keeps the versions it ran with
     assert json.loads(out.read_text())["runs"] == report["runs"]
     printed = capsys.readouterr().out
-    assert "| tpe+prior | 1 |" in printed and "| ort_default |" in printed
+    assert "| tpe+full | 1 |" in printed and "| ort_default |" in printed
     assert report["versions"]["onnx"] == onnx.__version__  # the report names what it ran with
     cpu = int8_support().int8_class  # and the CPU class its figures hold for
     assert report["int8_class"] == baseline["versions"]["int8_class"] == cpu

@@ -619,9 +619,12 @@ def test_readme_python_block_runs_on_a_model_file_named_as_it_names_it(tmp_path,
     exec(block, scope)
     printed = capsys.readouterr().out
     # print(best.summary())      # e.g. "Best trial 41: acc_loss: 0.0063 lat_diff: 2.4468 (targets met)"
+    # print(study.time_report().summary())  # e.g. "Best model (trial 3) after 41.2 s of 310.5 s: ..."
     best = scope["best"]
-    assert re.fullmatch(r"Best trial \d+: acc_loss: -?\d\.\d{4} lat_diff: \d+\.\d{4} \(.+\)\n", printed)
-    assert printed == best.summary() + "\n"
+    summary, timing = printed.splitlines()
+    assert re.fullmatch(r"Best trial \d+: acc_loss: -?\d\.\d{4} lat_diff: \d+\.\d{4} \(.+\)", summary)
+    assert summary == best.summary() and timing == scope["study"].time_report().summary()
+    assert timing.startswith(f"Best model (trial {best.number}) after ")
     assert best.targets_met or not int8_support().dot_product
     study = optuna.load_study(study_name="resnet-int8", storage="sqlite:///optuna_quant.db")  # the default
     assert scope["study"].study.study_name == study.study_name

@@ -86,6 +86,7 @@ def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: 
     measured_by = {t.user_attrs.get(WORKER_KEY) for t in trials if "duplicate_of" not in t.user_attrs}
     assert len(measured_by) >= 2, "the workers did not share the study"
     assert set(study.user_attrs["sensitivity"]) == {"conv1", "conv2", "fc"}
+    assert study.user_attrs["sensitivity_plan"]["plan"] == "full"  # one worker's claim, measured
 
 
 def test_stop_on_target_stops_every_worker_within_one_trial(postgres_url: str) -> None:

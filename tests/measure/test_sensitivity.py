@@ -24,9 +24,9 @@ from optuna_quant.quantization.config import quantizable_nodes
 from optuna_quant.quantization.config import WEIGHT_TYPES
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.trial.budget import scope_combinations
 from optuna_quant.trial.guidance import Guidance
 from optuna_quant.trial.guidance import measure_space
-from optuna_quant.trial.guidance import scope_combinations
 from optuna_quant.trial.scoring import choice_scores
 from optuna_quant.trial.scoring import revert_order
 from optuna_quant.trial.scoring import scope_scores
@@ -116,10 +116,10 @@ def test_a_study_times_the_layers_on_the_input_it_times_its_trials_on(
     batches = [np.concatenate(calib[i : i + 8]) for i in range(0, len(calib), 8)]
     study = oq.create_study(
         cnn_path, batches, agreement, sampler="random", seed=0, storage=f"sqlite:///{tmp_path}/study.db",
-        benchmark=fast_bench, sensitivity=True,
+        benchmark=fast_bench, sensitivity="full",
     )
     with caplog.at_level(logging.INFO, logger="optuna_quant.measure.sensitivity"):
-        study.optimize(n_trials=1)
+        study.optimize(n_trials=2)  # measured between the reference and the next trial
     assert [len(feed) for feed in study.objective.measurer.latency_feed.values()] == [1]
     measuring = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Measuring the sensitivity")]
     assert measuring == [f"Measuring the sensitivity of {len(CNN_LAYERS)} layers on {len(batches)} samples, timed on a batch of 1"]

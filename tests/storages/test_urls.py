@@ -26,16 +26,26 @@ from optuna_quant.storages.urls import StorageError
         "quant:s3cret@db.example.com/studies",  # no scheme
         "postgresql://quant@db.example.com/studies?password=s3cret&sslmode=off",
         "postgresql://quant:s3c@ret@db.example.com/studies",  # an unescaped "@" in the password
+        "postgresql+psycopg2://quant:s3c@ret@db.example.com/studies",  # the form people paste
+        "mysql+pymysql://quant:s3c@r:et@db.example.com:3306/studies",
         "mysql+pymysql://quant:s3c/r:et@db.example.com:3306/studies",
+        "postgresql://quant:s3c%r:et@db.example.com/studies",  # a "%" that escapes nothing
     ],
 )
 def test_password_is_masked_in_every_form(tmp_path, monkeypatch, calib, agreement, url) -> None:
+    parts = ("s3c", "ret", "r:et", "et@")  # no piece of any password above
     masked = masked_url(url)
-    assert "s3c" not in masked and "***" in masked and "db.example.com" in masked
+    assert not any(part in masked for part in parts) and "***" in masked and "db.example.com" in masked
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StorageError) as err:  # a real attempt to open it: the error names it masked
         oq.create_study(tmp_path / "missing.onnx", calib, agreement, storage=url.replace("db.example.com", "127.0.0.1"))
-    assert "s3c" not in str(err.value)
+    assert not any(part in str(err.value) for part in parts), str(err.value)
+
+
+def test_an_unescaped_at_in_the_password_is_refused_before_connecting_saying_how_to_escape_it() -> None:
+    with pytest.raises(StorageError, match="unescaped '@'; write it as %40") as err:
+        open_storage("postgresql+psycopg2://user:Xq7@Zk9@127.0.0.1:1/db")
+    assert "Xq7" not in str(err.value) and "Zk9" not in str(err.value)
 
 
 def test_sqlite_file_of_urls_and_storages(tmp_path) -> None:

@@ -28,8 +28,8 @@ from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.quantize import Quantizer
 from optuna_quant.trial import records
+from optuna_quant.trial.budget import scope_combinations
 from optuna_quant.trial.failures import failing_in_measurement
-from optuna_quant.trial.guidance import scope_combinations
 from optuna_quant.trial.space import SearchSpace
 
 

@@ -368,7 +368,7 @@ def test_a_transformer_study_by_layer_groups_searches_and_measures_the_groups(
     study = oq.create_study(
         str(bert_path), bert_feeds, bert_agreement, layer_groups="block", sampler="tpe", seed=0,
         storage=f"sqlite:///{tmp_path}/study.db", study_name="bert-blocks",
-        benchmark={"warmup": 2, "blocks": 3, "min_seconds": 0.03},
+        benchmark={"warmup": 2, "blocks": 3, "min_seconds": 0.03}, sensitivity="full",
     )
     study.optimize(n_trials=4)
     layers = {name for name in study.objective.space.distributions() if name.startswith("layer:")}
@@ -397,7 +397,8 @@ def test_start_up_trials_are_queued_for_the_tpe_and_not_for_the_gp(make_study, s
     # itself: queued before it, they cost trials (docs/benchmarks.md, "The start-up queue").
     # A sampler's max_startup_trials caps the queue.
     sampler = sampler if isinstance(sampler, str) else sampler(seed=0)
-    study = make_study(sampler=sampler, latency_reduce=100.0)  # never met: no stop before the budget
+    # Every layer measured, and no recipe before the start-up trials.
+    study = make_study(sampler=sampler, latency_reduce=100.0, sensitivity="full", recipes=False)  # never met
     study.optimize(n_trials=9)  # room for two start-up trials, one per four after the reference
     trials = study.study.trials
     assert records.is_reference(trials[0]) and len(trials) == 9

@@ -42,6 +42,16 @@ def test_the_deadline_stops_whatever_is_left() -> None:
     assert decide(trials, 10, reference_stored=True) == RUN
 
 
+def test_past_the_deadline_the_reference_still_runs_unless_another_worker_runs_it() -> None:
+    # A study ends with a model, never with nothing: its reference is one.
+    assert decide([], 10, reference_stored=False, past_deadline=True)[0] == Step.QUEUE_REFERENCE
+    queued = _trials((TrialState.WAITING, {REFERENCE_KEY: True}))
+    assert decide(queued, 10, reference_stored=False, past_deadline=True) == RUN
+    running = _trials((TrialState.RUNNING, {REFERENCE_KEY: True}))
+    assert decide(running, 10, reference_stored=False, past_deadline=True) == STOP
+    assert decide(running, 10, reference_stored=False)[0] == Step.WAIT
+
+
 def test_stop_on_target_stops_once_a_trial_other_than_the_reference_met_both() -> None:
     reference_met = _trials((TrialState.COMPLETE, {**MET, REFERENCE_KEY: True}), TrialState.COMPLETE)
     assert decide(reference_met, 10, reference_stored=True, stop_targets=TARGETS) == RUN

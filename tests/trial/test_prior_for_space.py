@@ -142,6 +142,7 @@ def test_a_study_restricted_by_scopes_and_nodes_gives_its_sampler_that_space_pri
         seed=0,
         storage=f"sqlite:///{tmp_path}/study.db",
         benchmark={"warmup": 1, "blocks": 2, "min_seconds": 0.02},
+        sensitivity="full",
     )
     study.optimize(n_trials=3)
     prior = study.study.sampler._prior

@@ -19,7 +19,9 @@ from optuna_quant.visualization.report import write_report
 
 @pytest.mark.parametrize("objective_mode", ["loss", "pareto"])
 def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_mode) -> None:
-    study = make_study(accuracy_loss=50.0, latency_reduce=1.2, study_name="report", objective_mode=objective_mode)
+    study = make_study(
+        accuracy_loss=50.0, latency_reduce=1.2, study_name="report", objective_mode=objective_mode, sensitivity="full"
+    )
     best = study.optimize(n_trials=3)
     path = write_report(study.study, tmp_path / "out" / "report.html")
     text = path.read_text()
@@ -34,6 +36,7 @@ def test_report_embeds_figures_and_best_config(tmp_path, make_study, objective_m
     for name, value in best.params.items():
         assert f"<td>{name}</td><td>{value}</td>" in text
     assert best.summary() in text
+    assert f"<td>time</td><td>{study.time_report().summary()}</td>" in text  # where the time went
     assert "acc_loss &lt;= 0.5000" in text and "lat_diff &gt;= 1.2000" in text
 
 
