@@ -1,8 +1,9 @@
-"""What a study measures once after its reference, and how it guides the search.
+"""What a study measures once after its reference and recipes, and how it guides the search.
 
-The worker that measures the reference trial then measures, on the calibration data, what each
+One worker (:mod:`optuna_quant.study.guiding`) measures, on the calibration data, what each
 choice of the space does to the model's outputs and what reverting each layer costs in time
-(:func:`optuna_quant.trial.guidance.measure_space`), and stores it with the study. From it:
+(:func:`optuna_quant.trial.guidance.measure_space`), as much as the study's time affords
+(:mod:`optuna_quant.trial.budget`), and stores it with the study. From it:
 
 - every worker gives its sampler a prior over the choices (``sampler.set_prior``, which both of
   optuna-quant's samplers have; other samplers are left alone), through
