@@ -116,6 +116,7 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
         study.optimize(n_trials=trials)
         guidance = study.user_attrs.get("guidance")
         record["prior_s"] = None if guidance is None else guidance["seconds"]
+        record["sensitivity_plan"] = study.user_attrs.get("sensitivity_plan")  # what the budget chose
         record["wall_s"] = time.perf_counter() - start
     record["trials"] = [
         {

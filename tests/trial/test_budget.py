@@ -61,9 +61,10 @@ def test_the_planned_time_is_the_budget_of_trials_or_what_is_left_of_the_timeout
 
 def test_a_study_with_a_timeout_measures_within_its_share_and_ends_with_an_exported_model(make_study, tmp_path) -> None:
     study = make_study(sampler="tpe", latency_reduce=100.0, artifact_dir=tmp_path / "models")  # never met
-    best = study.optimize(n_trials=200, timeout=15.0)
+    # A timeout long enough for the reference and the recipes on a loaded machine.
+    best = study.optimize(n_trials=200, timeout=60.0)
     decision = study.user_attrs["sensitivity_plan"]  # decided between the recipes and the search
-    assert 0 < decision["budget_s"] <= SENSITIVITY_SHARE * 15.0
+    assert 0 < decision["budget_s"] <= SENSITIVITY_SHARE * 60.0
     if decision["plan"] is None:  # even the cheapest plan's estimate was over it
         assert guidance.stored(study.study) is None and decision["estimate_s"] > decision["budget_s"]
     else:
