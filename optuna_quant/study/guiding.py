@@ -137,7 +137,8 @@ def choose_plan(
         for t in measured
         if t.datetime_start is not None and t.datetime_complete is not None
     ]
-    latency = [s for s in (records.latency_seconds(t) for t in measured) if s is not None]
+    # A copy's seconds are its original's: each measurement's timing counts once.
+    latency = [timing for _, _, timing in map(records.seconds_spent, measured) if timing > 0]
     budget = share * planned_seconds(trial_seconds, n_trials, seconds_left)
     per_model = model_seconds(objective.measurer, objective.space.to_config(reference.params))
     costs = {

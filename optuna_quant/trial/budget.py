@@ -59,8 +59,7 @@ PERCENTILE_COST = 1.5
 """A Percentile calibration's cost in MinMax calibrations (histograms collected over its ranges)."""
 ENTROPY_SECONDS_PER_TENSOR = 0.6
 """An Entropy calibration's cost per calibrated tensor: its 2048-bin threshold search dominates,
-whatever the model (0.4 to 0.7 s a tensor on the models measured, docs/benchmarks.md "Time to
-quality"; 10 to 46 times a MinMax calibration)."""
+whatever the model (docs/benchmarks.md, "Time to quality")."""
 MEASURED_SAMPLES = 32
 """Calibration samples on which the sensitivity measures each model's output error."""
 

@@ -272,11 +272,6 @@ def seconds_spent(trial: FrozenTrial) -> tuple[float, float, float]:
     return quantize, evaluate, timing
 
 
-def latency_seconds(trial: FrozenTrial) -> float | None:
-    """What timing ``trial``'s model took, where it measured one."""
-    return trial.user_attrs.get(LATENCY_SECONDS_KEY)
-
-
 def is_reference(trial: FrozenTrial | optuna.Trial) -> bool:
     """Whether ``trial`` measures the reference (the space's default configuration)."""
     return bool(trial.user_attrs.get(REFERENCE_KEY))
