@@ -39,7 +39,7 @@ system-deps:
 # The oldest Optuna that pyproject.toml admits, laid over the venv's newest: the tests that touch
 # Optuna's API (the private uses pinned by tests/architecture among them) run on both ends.
 OPTUNA_FLOOR := 5.0.0
-FLOOR_TESTS := tests/architecture tests/samplers tests/storages tests/trial tests/study/test_worker.py tests/study/test_load_methods.py
+FLOOR_TESTS := tests/architecture tests/samplers tests/storages tests/trial tests/pruners tests/study/test_worker.py tests/study/test_load_methods.py
 
 test: $(STAMP) system-deps peers
 	$(BIN)/python -m pytest -q

@@ -11,7 +11,8 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
   the samplers' prior and start-up trials); ``optuna_tpe``: Optuna's TPESampler; every study
   runs the recipes after its reference (``recipes=True``) but ``tpe+full`` and ``gp+full``: the
   studies as ``create_study`` ran them before the recipes, the whole sensitivity measured after
-  the reference (``sensitivity="full", recipes=False``);
+  the reference (``sensitivity="full", recipes=False``); every study prunes the trials that
+  cannot win (``pruning=True``) but ``tpe+prior+unpruned``, the defaults without it;
 - ``ort_default``, ``ort_preprocessed``, ``ort_dynamic``..., ``nncf``: the recipes that need no
   tuning, and the peers ``inc`` and ``olive``, run with their own environment's python
   (:mod:`benchmarks.real_models.baselines`); each runs once, as seed 0.
@@ -77,7 +78,8 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 }
 PRIOR_SUFFIX = "+prior"
 FULL_SUFFIX = "+full"
-TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe", "tpe+full", "gp+full")
+UNPRUNED_SUFFIX = "+unpruned"
+TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe", "tpe+full", "gp+full", "tpe+prior+unpruned")
 METHODS = (*TUNING, *BASELINES)
 DEFAULT_METHODS = tuple(method for method in METHODS if method not in PEERS)
 
@@ -93,7 +95,8 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
     workload = build(model, **sizes)
     record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
-    sampler = SAMPLERS[method.removesuffix(PRIOR_SUFFIX).removesuffix(FULL_SUFFIX)](seed)
+    base = method.removesuffix(UNPRUNED_SUFFIX)
+    sampler = SAMPLERS[base.removesuffix(PRIOR_SUFFIX).removesuffix(FULL_SUFFIX)](seed)
     with tempfile.TemporaryDirectory() as folder:
         opened, start = time.time(), time.perf_counter()
         study = optuna_quant.create_study(
@@ -109,8 +112,9 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             artifact_dir=folder,
             # +prior: the defaults (the recipes, then the sensitivity within its share of the time);
             # +full: the defaults before the time-to-quality change (the whole sensitivity, no recipe).
-            sensitivity="full" if method.endswith(FULL_SUFFIX) else method.endswith(PRIOR_SUFFIX),
-            recipes=not method.endswith(FULL_SUFFIX),
+            sensitivity="full" if base.endswith(FULL_SUFFIX) else base.endswith(PRIOR_SUFFIX),
+            recipes=not base.endswith(FULL_SUFFIX),
+            pruning=base == method,
         )
         record["setup_s"] = time.perf_counter() - start
         study.optimize(n_trials=trials)

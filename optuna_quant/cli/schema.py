@@ -99,11 +99,12 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pre_process": (lambda v: isinstance(v, bool) or v == "transformer", "true, false or transformer"),
     "sensitivity": (lambda v: isinstance(v, bool) or v == "full", "true, false or full"),
     "recipes": (lambda v: isinstance(v, bool), "true or false"),
+    "pruning": (lambda v: isinstance(v, bool), "true or false"),
 }
 STUDY_KEYS = (
     "accuracy_loss", "latency_reduce", "accuracy_weight", "latency_weight", "stop_on_target",
     "sampler", "seed", "scopes", "nodes", "layer_groups", "objective_mode", "artifact_dir", "pre_process", "sensitivity",
-    "recipes",
+    "recipes", "pruning",
 )
 """The keys passed to ``create_study`` unchanged when given."""
 

@@ -2,7 +2,9 @@
 
 An ``eval_fn`` takes an ``onnxruntime.InferenceSession`` and returns a float, higher is better.
 To honour ``eval_subset_size`` (POT: evaluate on the first N samples only), it also accepts a
-``subset_size`` keyword; :class:`Top1Accuracy` does.
+``subset_size`` keyword; :class:`Top1Accuracy` does. One that also scores its samples a batch at a
+time (:class:`SampleScores`, as :class:`Top1Accuracy` does) lets a pruned study stop evaluating a
+model once its accuracy is confidently over the target (:mod:`optuna_quant.measure.paired`).
 
 Example:
     >>> import numpy as np
@@ -14,15 +16,32 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterator
 import inspect
 import math
 from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
 import numpy as np
 import onnxruntime as ort
 
 
 EvalFn = Callable[..., float]
+
+
+@runtime_checkable
+class SampleScores(Protocol):
+    """An ``eval_fn`` that also yields its per-sample scores, one batch at a time, in a fixed order.
+
+    The mean of every score it yields for a session is what calling it returns for that session.
+    """
+
+    def __call__(self, session: ort.InferenceSession, subset_size: int | None = None) -> float: ...
+
+    def sample_scores(self, session: ort.InferenceSession, subset_size: int | None = None) -> Iterator[np.ndarray]:
+        """Each batch's per-sample scores (higher is better), the same samples in the same order every call."""
+        ...
 
 
 class Top1Accuracy:
@@ -53,14 +72,17 @@ class Top1Accuracy:
 
     def __call__(self, session: ort.InferenceSession, subset_size: int | None = None) -> float:
         """The fraction of the first ``subset_size`` samples (all by default) classified right."""
+        hits = np.concatenate(list(self.sample_scores(session, subset_size)))
+        return float(np.sum(hits)) / len(hits)
+
+    def sample_scores(self, session: ort.InferenceSession, subset_size: int | None = None) -> Iterator[np.ndarray]:
+        """Per batch of the first ``subset_size`` samples: 1.0 where the sample is classified right, else 0.0."""
         n = self.n_samples if subset_size is None else min(subset_size, self.n_samples)
         input_name = session.get_inputs()[0].name
-        correct = 0
         for start in range(0, n, self.batch_size):
             stop = min(start + self.batch_size, n)
             logits = session.run(None, {input_name: self.inputs[start:stop]})[0]
-            correct += int(np.sum(np.argmax(logits, axis=-1) == self.labels[start:stop]))
-        return correct / n
+            yield (np.argmax(logits, axis=-1) == self.labels[start:stop]).astype(np.float64)
 
 
 def eval_function(eval_fn: EvalFn | None, eval_data: tuple[Any, Any] | None) -> EvalFn:

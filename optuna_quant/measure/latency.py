@@ -12,6 +12,10 @@ Such noise only ever adds time, so each block is summarised by its fastest run o
 fastest one is counted as contended and timed again, up to ``retimes`` times in a measurement.
 :class:`LatencyResult` says how many blocks were timed again and whether any stayed contended.
 
+A caller may watch the blocks as they come (``on_block``) and stop the timing once it has seen
+enough, as a pruner does with a model that cannot beat the best one: the result then holds the
+blocks timed so far (``stopped``).
+
 Example:
     >>> settings = BenchmarkSettings(threads=1, blocks=8, min_seconds=0.5)
     >>> result = measure_latency(fp32_session, int8_session, feed, settings)  # doctest: +SKIP
@@ -21,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 import logging
@@ -41,6 +46,9 @@ NOISY_SPREAD = 0.05
 that stayed contended, is noisy (:func:`steady_latency`)."""
 RETIMES = 2
 """How many times :func:`steady_latency` measures a noisy pair again at most."""
+
+BlockWatch = Callable[[float], bool]
+"""Called with each block's ``fp32 / int8`` ratio as it is timed; ``True`` stops the timing."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,8 @@ class LatencyResult:
         retimed: Blocks timed again because they were contended.
         contended: Whether some block kept was still contended when the re-times ran out.
         feed: The shape of each input timed (:func:`feed_shapes`).
+        blocks: The blocks timed.
+        stopped: Whether the watcher stopped the timing before all blocks ran.
     """
 
     fp32_ms: float
@@ -127,6 +137,8 @@ class LatencyResult:
     retimed: int = 0
     contended: bool = False
     feed: str = ""
+    blocks: int = 0
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,11 +186,13 @@ def measure_latency(
     int8: ort.InferenceSession,
     feed: Mapping[str, np.ndarray],
     settings: BenchmarkSettings,
+    on_block: BlockWatch | None = None,
 ) -> LatencyResult:
     """Time ``fp32`` and ``int8`` on ``feed`` in interleaved blocks and compare them.
 
     Contended blocks (see :class:`BenchmarkSettings`) are timed again while ``settings.retimes``
-    lasts; of the attempts at one block the least contended is kept.
+    lasts; of the attempts at one block the least contended is kept. ``on_block`` sees each kept
+    block's ratio and may stop the timing there.
     """
     warm_fp32 = _run_times(fp32, feed, max(settings.warmup, 1))
     warm_int8 = _run_times(int8, feed, max(settings.warmup, 1))
@@ -186,7 +200,9 @@ def measure_latency(
     runs = max(3, math.ceil(settings.min_seconds / settings.blocks / max(pair_seconds, 1e-6)))
     statistic = np.min if settings.statistic == "min" else np.median
     blocks: list[_Block] = []
+    ratios: list[float] = []
     retimed = 0
+    stopped = False
     for index in range(settings.blocks):
         block = _time_block(fp32, int8, feed, runs, index % 2 == 0)
         while block.inflation() > settings.contention and retimed < settings.retimes:
@@ -194,7 +210,10 @@ def measure_latency(
             again = _time_block(fp32, int8, feed, runs, index % 2 == 0)
             block = min(block, again, key=_Block.inflation)
         blocks.append(block)
-    ratios = np.array([statistic(b.fp32) / statistic(b.int8) for b in blocks])
+        ratios.append(float(statistic(block.fp32) / statistic(block.int8)))
+        if on_block is not None and on_block(ratios[-1]) and index + 1 < settings.blocks:
+            stopped = True
+            break
     median_ratio = float(np.median(ratios))
     q25, q75 = np.percentile(ratios, [25, 75])
     return LatencyResult(
@@ -205,6 +224,8 @@ def measure_latency(
         retimed=retimed,
         contended=any(b.inflation() > settings.contention for b in blocks),
         feed=feed_shapes(feed),
+        blocks=len(blocks),
+        stopped=stopped,
     )
 
 
@@ -213,17 +234,20 @@ def steady_latency(
     int8: ort.InferenceSession,
     feed: Mapping[str, np.ndarray],
     settings: BenchmarkSettings,
+    on_block: BlockWatch | None = None,
 ) -> LatencyResult:
     """:func:`measure_latency`, measured again while noisy (at most :data:`RETIMES` times); the
-    least noisy measurement is kept.
+    least noisy measurement is kept. ``on_block`` watches the first measurement's blocks and may
+    stop it there; a noisy measurement, timed again, is timed in full: its blocks are the least
+    trustworthy to stop on.
 
     Contended blocks are timed again inside one measurement; this rule is for a whole
     measurement that stayed noisy, as on a machine oversubscribed for longer than a block: there
     a phantom speed-up would become a study's best (docs/benchmarks.md).
     """
-    latency = measure_latency(fp32, int8, feed, settings)
+    latency = measure_latency(fp32, int8, feed, settings, on_block)
     for attempt in range(1, RETIMES + 1):
-        if not (latency.contended or latency.spread > NOISY_SPREAD):
+        if latency.stopped or not (latency.contended or latency.spread > NOISY_SPREAD):
             break
         _logger.info(
             "Timing noisy (lat_diff %.4f, spread %.3f%s): timing again (%d / %d).",

@@ -14,12 +14,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 import hashlib
 import time
 from typing import Any
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -27,6 +30,7 @@ from optuna_quant.measure.cpu import int8_support
 from optuna_quant.measure.evaluate import accepts_subset_size
 from optuna_quant.measure.evaluate import checked_score
 from optuna_quant.measure.evaluate import EvalFn
+from optuna_quant.measure.evaluate import SampleScores
 from optuna_quant.measure.int8_causes import int8_nodes
 from optuna_quant.measure.int8_causes import quantizes_anything
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -34,6 +38,7 @@ from optuna_quant.measure.latency import feed_shapes
 from optuna_quant.measure.latency import LatencyResult
 from optuna_quant.measure.latency import steady_latency
 from optuna_quant.measure.loss import relative_accuracy_loss
+from optuna_quant.measure.paired import acc_loss_lower_bound
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import batch_of
 from optuna_quant.quantization.model_io import Feed
@@ -44,6 +49,14 @@ from optuna_quant.quantization.model_io import to_feeds
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import Quantizer
 
+
+TimingWatch = Callable[[float, float, bool], bool]
+"""Called after each timed block with the model's ``acc_loss``, that block's ``lat_diff`` and
+whether the model quantizes anything; ``True`` stops the timing (``latency.stopped``)."""
+AccuracyWatch = Callable[[float], bool]
+"""Called after each batch of an evaluation by samples with the lower confidence bound of the
+``acc_loss`` so far (:func:`optuna_quant.measure.paired.acc_loss_lower_bound`); ``True`` stops
+the evaluation there (``Measurement.eval_samples``)."""
 
 @dataclass(frozen=True)
 class Measurement:
@@ -58,6 +71,8 @@ class Measurement:
         latency_seconds: Time spent timing.
         quantized: Whether the model runs anything in int8; a configuration that keeps every
             quantizable node in fp32 builds the fp32 model, which meets no target.
+        eval_samples: Where an :data:`AccuracyWatch` stopped the evaluation, the samples scored:
+            ``accuracy`` and ``acc_loss`` are then estimated from them, paired with fp32's.
     """
 
     accuracy: float
@@ -67,6 +82,7 @@ class Measurement:
     eval_seconds: float
     latency_seconds: float
     quantized: bool = True
+    eval_samples: int | None = None
 
     @property
     def lat_diff(self) -> float:
@@ -88,7 +104,9 @@ class Measurement:
             "quantize_s": self.quantize_seconds,
             "eval_s": self.eval_seconds,
             "latency_s": self.latency_seconds,
+            "lat_blocks": self.latency.blocks,
             "quantized": self.quantized,
+            **({} if self.eval_samples is None else {"eval_samples": self.eval_samples}),
         }
 
 
@@ -163,6 +181,7 @@ class Measurer:
         self.latency_feed = self._latency_feed(latency_data)
         serialized = self.model.SerializeToString()  # once: large models take seconds
         self._fp32_session = self._session(serialized)
+        self._fp32_sample_scores: np.ndarray | None = None
         if latency_data is not None:
             try:
                 self._fp32_session.run(None, self.latency_feed)
@@ -200,6 +219,41 @@ class Measurer:
             raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
         return checked_score(value, f"eval_fn on the {what} model")
 
+    def _sample_scores(self, session: ort.InferenceSession, what: str) -> Iterator[np.ndarray]:
+        assert isinstance(self.eval_fn, SampleScores)
+        kwargs = {} if self.eval_subset_size is None else {"subset_size": self.eval_subset_size}
+        batches = iter(self.eval_fn.sample_scores(session, **kwargs))
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as err:
+                raise RuntimeError(f"eval_fn raised on the {what} model: {err!r}") from err
+            yield np.asarray(batch, dtype=np.float64).ravel()
+
+    def _fp32_scores(self) -> np.ndarray:
+        if self._fp32_sample_scores is None:  # once, on the first evaluation by samples
+            self._fp32_sample_scores = np.concatenate(list(self._sample_scores(self._fp32_session, "fp32")))
+        return self._fp32_sample_scores
+
+    def _evaluate_watched(self, session: ort.InferenceSession, watch: AccuracyWatch) -> tuple[float, int | None]:
+        """The int8 score by samples, or its estimate where ``watch`` stopped it, with the samples scored then."""
+        fp32, fp32_accuracy = self._fp32_scores(), self.baseline()
+        scores = np.empty(0)
+        for batch in self._sample_scores(session, "int8"):
+            scores = np.concatenate([scores, batch])
+            if len(scores) > len(fp32):
+                break
+            if len(scores) < len(fp32) and watch(acc_loss_lower_bound(fp32, scores, fp32_accuracy)):
+                return fp32_accuracy - float(np.mean(fp32[: len(scores)] - scores)), len(scores)
+        if len(scores) != len(fp32):
+            raise ValueError(
+                f"eval_fn.sample_scores scored {len(scores)} samples of the int8 model and {len(fp32)} of "
+                "the fp32 model: it must score the same samples every call."
+            )
+        return checked_score(float(np.mean(scores)), "eval_fn on the int8 model"), None
+
     def build(self, config: QuantConfig) -> onnx.ModelProto:
         """The int8 model of ``config``, from cached calibration."""
         return self.quantizer.quantize(config)
@@ -212,17 +266,29 @@ class Measurer:
         """The int8 score of ``config``, without timing it."""
         return self._evaluate(self._session(self.build(config)), "int8")
 
-    def measure(self, config: QuantConfig) -> Measurement:
-        """Build, evaluate and time ``config``.
+    def measure(
+        self, config: QuantConfig, watch: TimingWatch | None = None, accuracy_watch: AccuracyWatch | None = None
+    ) -> Measurement:
+        """Build, evaluate and time ``config``; the watchers may stop the timing
+        (:data:`TimingWatch`) and the evaluation (:data:`AccuracyWatch`).
 
         Raises:
             RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
         """
         start = time.perf_counter()
         int8_model = self.build(config)
-        return self.measure_model(int8_model, quantize_seconds=time.perf_counter() - start)
+        return self.measure_model(
+            int8_model, quantize_seconds=time.perf_counter() - start, watch=watch, accuracy_watch=accuracy_watch
+        )
 
-    def measure_model(self, int8_model: onnx.ModelProto, *, quantize_seconds: float = 0.0) -> Measurement:
+    def measure_model(
+        self,
+        int8_model: onnx.ModelProto,
+        *,
+        quantize_seconds: float = 0.0,
+        watch: TimingWatch | None = None,
+        accuracy_watch: AccuracyWatch | None = None,
+    ) -> Measurement:
         """Evaluate and time a ready int8 model exactly as :meth:`measure` does a configuration.
 
         For a model that is no configuration of the search space, such as a QAT export: the same
@@ -232,6 +298,10 @@ class Measurer:
             int8_model: The quantized model; it takes the same inputs as the fp32 model.
             quantize_seconds: Time already spent building ``int8_model``. Creating its
                 onnxruntime session is added, as it is for a configuration.
+            watch: Sees each timed block and may stop the timing (:data:`TimingWatch`).
+            accuracy_watch: Sees the bound of the accuracy loss after each batch and may stop
+                the evaluation (:data:`AccuracyWatch`), where ``eval_fn`` scores by samples
+                (:class:`~optuna_quant.measure.evaluate.SampleScores`); otherwise unused.
 
         Raises:
             RuntimeError: If ``eval_fn`` raises or returns something other than a finite number.
@@ -240,17 +310,25 @@ class Measurer:
         start = time.perf_counter()
         int8 = self._session(int8_model)
         built = time.perf_counter()
-        accuracy = self._evaluate(int8, "int8")
+        eval_samples = None
+        if accuracy_watch is not None and isinstance(self.eval_fn, SampleScores):
+            accuracy, eval_samples = self._evaluate_watched(int8, accuracy_watch)
+        else:
+            accuracy = self._evaluate(int8, "int8")
         evaluated = time.perf_counter()
-        latency = steady_latency(self._fp32_session, int8, self.latency_feed, self.benchmark)
+        acc_loss = relative_accuracy_loss(fp32_accuracy, accuracy)
+        quantized = self.quantizes(int8_model)
+        on_block = None if watch is None else lambda ratio: watch(acc_loss, ratio, quantized)
+        latency = steady_latency(self._fp32_session, int8, self.latency_feed, self.benchmark, on_block)
         return Measurement(
             accuracy=accuracy,
-            acc_loss=relative_accuracy_loss(fp32_accuracy, accuracy),
+            acc_loss=acc_loss,
             latency=latency,
             quantize_seconds=quantize_seconds + built - start,
             eval_seconds=evaluated - built,
             latency_seconds=time.perf_counter() - evaluated,
-            quantized=self.quantizes(int8_model),
+            quantized=quantized,
+            eval_samples=eval_samples,
         )
 
     def baseline(self) -> float:

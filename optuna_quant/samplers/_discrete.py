@@ -388,7 +388,8 @@ class History:
     ) -> History:
         """The history of the trials that ``encode`` maps to a point (``None`` leaves one out).
 
-        Trials are left out where their parameters lie outside the space. Constraints are read
+        Trials are left out where their parameters lie outside the space. A pruned trial that
+        reported a value counts with it (Optuna's ``tell`` keeps its last report). Constraints are read
         from ``trial.constraints`` (``trial.set_constraint``); a completed trial without them, in
         a study where others have them, counts as infeasible. :meth:`SpaceCache.history` encodes
         choice indices; a sampler on a continuous space can pass Optuna's internal values
@@ -414,7 +415,9 @@ class History:
             if point is None:
                 continue
             config = tuple(point)
-            if trial.state == TrialState.COMPLETE and trial.values is not None:
+            # A pruned trial with a value (its last intermediate one) measured its configuration
+            # in part: an observation, as Optuna's samplers take it.
+            if trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and trial.values is not None:
                 configs.append(config)
                 values.append([sign * float(v) for sign, v in zip(signs, trial.values)])
                 constraint_rows.append(dict(trial.constraints))

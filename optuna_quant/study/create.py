@@ -24,6 +24,7 @@ from optuna_quant.measure.evaluate import eval_function
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.loss import Targets
+from optuna_quant.pruners import LatencyPruner
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.storages.artifacts import check_writable
@@ -83,6 +84,7 @@ def create_study(
     pre_process: bool | str = True,
     sensitivity: bool | str = True,
     recipes: bool = True,
+    pruning: bool = True,
     latency_data: Any = None,
     layer_groups: str | None = None,
 ) -> QuantStudy:
@@ -146,6 +148,12 @@ def create_study(
         recipes: Queue the simple recipes (dynamic and static, per tensor and per channel:
             :mod:`optuna_quant.trial.recipes`) right after the reference, cheapest first, so
             that the study holds the best of them within a few trials.
+        pruning: Stop a trial's timing once every block timed says its model is slower than
+            the best model within the accuracy target (:class:`optuna_quant.pruners.LatencyPruner`,
+            the study's pruner), and its evaluation, where ``eval_fn`` scores by samples
+            (:class:`~optuna_quant.measure.evaluate.SampleScores`), once it is confidently over
+            the accuracy target (:mod:`optuna_quant.measure.paired`); the trial is recorded as
+            pruned with what it measured. Only in ``"loss"`` mode.
         latency_data: The input to time every model on, as you will run it: a
             ``{input_name: array}`` dict (an array for a single input) at the batch and sequence
             length of production. Default: ``benchmark.batch_size`` samples of the calibration
@@ -197,14 +205,16 @@ def create_study(
         stop_on_target=stop_on_target, objective_mode=objective_mode, lock=lock, heartbeat=heartbeat,
         claim_locks=claim_locks(storage_obj, plan.name, heartbeat),
         guided=bool(sensitivity), sensitivity_share=None if sensitivity == "full" else SENSITIVITY_SHARE,
-        recipes=recipes, latency_data=latency_data, layer_groups=layer_groups, module_of_node=node_modules,
+        recipes=recipes, prune=pruning and objective_mode == "loss", latency_data=latency_data,
+        layer_groups=layer_groups, module_of_node=node_modules,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
+    pruner = LatencyPruner() if objective.settings.prune else None
     if plan.method == "eval":
-        study = open_study(plan, storage_obj, sampler_obj, objective_mode)
+        study = open_study(plan, storage_obj, sampler_obj, objective_mode, pruner)
         return QuantStudy(study, objective, storage_obj, artifact_dir, run_trials=False)
     check_writable(artifact_dir, "artifact_dir", folder=True)
-    study = open_study(plan, storage_obj, sampler_obj, objective_mode)
+    study = open_study(plan, storage_obj, sampler_obj, objective_mode, pruner)
     with lock():
         objective.space = records.share_records(
             study,

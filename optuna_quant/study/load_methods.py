@@ -110,8 +110,10 @@ def open_study(
     storage: optuna.storages.BaseStorage,
     sampler: optuna.samplers.BaseSampler,
     objective_mode: str,
+    pruner: optuna.pruners.BasePruner | None = None,
 ) -> optuna.Study:
-    """The study of ``plan``: under cold_start an existing one is deleted first.
+    """The study of ``plan``, with ``sampler`` and ``pruner`` (none: no trial is pruned); under
+    cold_start an existing one is deleted first.
 
     Raises:
         ValueError: If a loaded study has another number of objectives than ``objective_mode``.
@@ -119,12 +121,17 @@ def open_study(
     directions = DIRECTIONS[objective_mode]
     if plan.method == "eval":
         assert plan.existing is not None
-        return plan.existing
+        return plan.existing  # no trial runs: no pruner needed
     if plan.method == "cold_start" and plan.existing is not None:
         _logger.info("cold_start: deleting the existing study %r.", plan.name)
         optuna.delete_study(study_name=plan.name, storage=storage)
     study = optuna.create_study(
-        study_name=plan.name, storage=storage, sampler=sampler, directions=directions, load_if_exists=True
+        study_name=plan.name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner or optuna.pruners.NopPruner(),
+        directions=directions,
+        load_if_exists=True,
     )
     if len(study.directions) != len(directions):
         raise ValueError(

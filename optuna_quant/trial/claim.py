@@ -91,7 +91,9 @@ def claim(
     def taken(trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial | None, str] | None:
         """The measured trial to copy, or what to wait for; ``None`` while the configuration is free."""
         for other in trials:
-            if other.state == TrialState.COMPLETE and records.measured(other) and same(other.params):
+            # A pruned trial's configuration was slower than the best, which only gets faster.
+            finished = other.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            if finished and records.measured(other) and same(other.params):
                 return other, ""
         for other in trials:
             # A running reference measures the space's default configuration without a claim.

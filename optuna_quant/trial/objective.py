@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -29,6 +30,7 @@ from typing import Any
 import onnx
 import optuna
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
 from optuna_quant.measure.evaluate import EvalFn
 from optuna_quant.measure.latency import BenchmarkSettings
@@ -53,6 +55,7 @@ from optuna_quant.trial.recipes import recipe_params
 from optuna_quant.trial.reference import measure_reference
 from optuna_quant.trial.reference import ReferenceMeasurementError
 from optuna_quant.trial.reference import store_reference
+from optuna_quant.trial.results import best_trial
 from optuna_quant.trial.results import recorded
 from optuna_quant.trial.results import result_of
 from optuna_quant.trial.space import SCOPES
@@ -80,6 +83,12 @@ class TrialSettings:
             (:mod:`optuna_quant.trial.budget`); ``None``: all of it, whatever it costs.
         recipes: Queue the simple recipes (:mod:`optuna_quant.trial.recipes`) right after the
             reference.
+        prune: Report each timing block's loss and stop the timing when the study's pruner says
+            so (:class:`optuna_quant.pruners.LatencyPruner`); stop an evaluation by samples once
+            a model within the accuracy target exists and this one is confidently over it
+            (:mod:`optuna_quant.measure.paired`). The trial is then recorded as pruned, with
+            what it measured. Only in ``"loss"`` mode: Optuna prunes no trial of a
+            multi-objective study.
     """
 
     stop_on_target: bool = False
@@ -87,10 +96,13 @@ class TrialSettings:
     guided: bool = False
     sensitivity_share: float | None = SENSITIVITY_SHARE
     recipes: bool = False
+    prune: bool = False
 
     def __post_init__(self) -> None:
         if self.objective_mode not in OBJECTIVE_MODES:
             raise ValueError(f"Unknown objective_mode {self.objective_mode!r}; choose from {OBJECTIVE_MODES}.")
+        if self.prune and self.objective_mode != "loss":
+            raise ValueError(f"prune needs objective_mode 'loss': Optuna prunes no {self.objective_mode!r} trial.")
         if self.sensitivity_share is not None and not 0 < self.sensitivity_share <= 1:
             raise ValueError(f"sensitivity_share must be in (0, 1], got {self.sensitivity_share!r}.")
 
@@ -124,6 +136,9 @@ class QuantizationObjective:
             (:class:`TrialSettings`).
         recipes: Queue the simple recipes after the reference (:class:`TrialSettings`);
             ``create_study`` sets it.
+        prune: Report each timing block to the study's pruner, which may stop the timing, and
+            stop an evaluation by samples confidently over the accuracy target
+            (:class:`TrialSettings`); ``create_study`` sets it.
 
     Attributes:
         measurer: Builds and measures the configurations, with no Optuna.
@@ -157,6 +172,7 @@ class QuantizationObjective:
         guided: bool = False,
         sensitivity_share: float | None = SENSITIVITY_SHARE,
         recipes: bool = False,
+        prune: bool = False,
         latency_data: Any = None,
         layer_groups: str | None = None,
         module_of_node: Mapping[str, str] | None = None,
@@ -167,6 +183,7 @@ class QuantizationObjective:
             guided=guided,
             sensitivity_share=sensitivity_share,
             recipes=recipes,
+            prune=prune,
         )
         self.measurer = Measurer(
             model,
@@ -230,11 +247,22 @@ class QuantizationObjective:
 
     def loss(self, measurement: Measurement) -> float:
         """POT's weighted loss of ``measurement`` under the study's scaling."""
+        return self._loss_of(measurement.acc_loss, measurement.lat_diff, measurement.quantized)
+
+    def _loss_of(self, acc_loss: float, lat_diff: float, quantized: bool) -> float:
         if self.scaling is None:
             raise RuntimeError("The loss scaling is not set yet: the reference trial has not run.")
-        return weighted_loss(
-            measurement.acc_loss, measurement.lat_diff, self.targets, self.scaling, measurement.quantized
-        )
+        return weighted_loss(acc_loss, lat_diff, self.targets, self.scaling, quantized)
+
+    def _accuracy_watch(self, seen: list[FrozenTrial]) -> Callable[[float], bool] | None:
+        """Stop an evaluation confidently over the accuracy target, once a model within it exists
+        (before, the model closest to the target is the best, and each needs its whole score)."""
+        if not self.settings.prune:
+            return None
+        best = best_trial(seen, self.targets)
+        if best is None or not records.quantized(best) or not self.targets.accuracy_met(records.acc_loss(best)):
+            return None
+        return lambda bound: bound > self.targets.acc_th
 
     def values(self, acc_loss: float, lat_diff: float, loss: float) -> float | list[float]:
         """The objective value(s) of a result: POT's loss, or ``[acc_loss, lat_diff]`` in Pareto mode."""
@@ -283,19 +311,28 @@ class QuantizationObjective:
                 records.lat_diff(previous),
             )
             self._log_end(seen, trial.number, total)
+            if previous.state == TrialState.PRUNED:  # the bar only rises: it would be pruned again
+                trial.report(float(previous.value), 0)
+                raise optuna.TrialPruned(f"Trial {previous.number} measured the same configuration and was pruned.")
             return list(previous.values) if self.settings.objective_mode == "pareto" else float(previous.value)
         if self.settings.stop_on_target:
             number = target_reached(seen, self.targets)
             if number is not None:
                 raise optuna.TrialPruned(f"Trial {number} already met both targets.")
+        reports = _BlockReports(trial, self._loss_of) if self.settings.prune else None
         try:
-            measurement = self.measure(params)
+            measurement = self.measurer.measure(self.space.to_config(params), reports, self._accuracy_watch(seen))
         except Exception as err:
             records.record_failure(trial, err)
             self._learn(study, params, trial.number)
             raise
         loss = self.loss(measurement)
         self.record(trial, measurement, loss)
+        reasons = _pruned_reasons(measurement)
+        if reports is not None and reasons:
+            reports.report(loss)  # the value Optuna keeps for the pruned trial: its loss so far
+            records.record_pruned(trial, "; ".join(reasons))
+            raise optuna.TrialPruned(f"Its model is {'; '.join(reasons)}.")
         _logger.info(
             "Current iteration acc_loss: %.4f lat_diff: %.4f exec_time: %.2f min",
             measurement.acc_loss,
@@ -367,3 +404,38 @@ class QuantizationObjective:
         _logger.info(
             "Trial iteration end: %d / %s acc_loss: %.4f lat_diff: %.4f", number, total, best.acc_loss, best.lat_diff
         )
+
+
+def _pruned_reasons(measurement: Measurement) -> list[str]:
+    """Why a measurement stopped early, one phrase a watcher that stopped it."""
+    reasons = []
+    if measurement.eval_samples is not None:
+        reasons.append(
+            f"over the accuracy target on its first {measurement.eval_samples} samples "
+            f"(acc_loss {measurement.acc_loss:.4f} there)"
+        )
+    if measurement.latency.stopped:
+        reasons.append(
+            f"slower than the best model within target in each of the {measurement.latency.blocks} "
+            f"timing blocks run (lat_diff {measurement.lat_diff:.4f}, acc_loss {measurement.acc_loss:.4f})"
+        )
+    return reasons
+
+
+class _BlockReports:
+    """Reports each timing block's loss as the trial's next intermediate value and asks the
+    study's pruner whether to stop (a :data:`~optuna_quant.measure.measurer.TimingWatch`)."""
+
+    def __init__(self, trial: optuna.Trial, loss_of: Callable[[float, float, bool], float]) -> None:
+        self.trial = trial
+        self.loss_of = loss_of
+        self.steps = 0
+
+    def __call__(self, acc_loss: float, lat_diff: float, quantized: bool) -> bool:
+        self.report(self.loss_of(acc_loss, lat_diff, quantized))
+        return self.trial.should_prune()
+
+    def report(self, value: float) -> None:
+        """Report ``value`` at the next step."""
+        self.trial.report(value, self.steps)
+        self.steps += 1

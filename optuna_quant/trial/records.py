@@ -56,6 +56,7 @@ WORKER_KEY = "worker"
 MEASURING_KEY = "measuring"
 DUPLICATE_KEY = "duplicate_of"
 FAIL_REASON_KEY = "fail_reason"
+PRUNED_KEY = "pruned"
 SENSITIVITY_KEY = "sensitivity"
 GUIDANCE_KEY = "guidance"
 FORBIDDEN_KEY = "forbidden_choices"
@@ -388,6 +389,11 @@ def copy_result(trial: optuna.Trial, previous: FrozenTrial) -> None:
         {**{k: v for k, v in previous.user_attrs.items() if k not in _RUN_KEYS}, DUPLICATE_KEY: previous.number},
         previous.constraints,
     )
+
+
+def record_pruned(trial: optuna.Trial, reason: str) -> None:
+    """Keep why ``trial``'s timing was stopped beside what it measured."""
+    trial.set_user_attr(PRUNED_KEY, reason)
 
 
 def record_failure(trial: optuna.Trial, err: BaseException) -> None:

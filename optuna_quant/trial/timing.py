@@ -6,7 +6,10 @@ recorded), so it covers every worker of a shared study and a study loaded later:
 - **quantize**, **evaluate**, **time**: what the trials' measurements spent building their
   models, in ``eval_fn`` and timing them (the fp32 baseline in the reference's);
 - **sensitivity**: the one-off measurement that guides the search (:mod:`optuna_quant.study.guiding`);
-- **other**: the rest of the wall time: the sampler, the storage, waiting on other workers.
+- **other**: the rest of the wall time: the sampler, the storage, waiting on other workers;
+
+and how many trials were pruned once measured in part (their timing or evaluation stopped early:
+``create_study(pruning=True)``).
 
 With several workers the trials' seconds add up to more than the wall time; ``other`` is then 0.
 
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
 from optuna_quant.trial import records
 
@@ -38,6 +42,8 @@ class TimeReport:
         evaluate_seconds: In ``eval_fn``.
         timing_seconds: Timing the models against fp32.
         sensitivity_seconds: The sensitivity measurement.
+        pruned: Trials pruned with a measurement in part (copies of one included).
+        trials: Trials that ran, the pruned ones included.
     """
 
     wall_seconds: float
@@ -47,6 +53,8 @@ class TimeReport:
     evaluate_seconds: float
     timing_seconds: float
     sensitivity_seconds: float
+    pruned: int = 0
+    trials: int = 0
 
     @property
     def other_seconds(self) -> float:
@@ -65,6 +73,7 @@ class TimeReport:
             f"{best} of {self.wall_seconds:.1f} s: quantize {self.quantize_seconds:.1f} s, "
             f"evaluate {self.evaluate_seconds:.1f} s, time {self.timing_seconds:.1f} s, "
             f"sensitivity {self.sensitivity_seconds:.1f} s, other {self.other_seconds:.1f} s"
+            + (f"; {self.pruned} of {self.trials} trials pruned" if self.pruned else "")
         )
 
 
@@ -93,4 +102,6 @@ def time_report(trials: Sequence[FrozenTrial], best: FrozenTrial | None, sensiti
         evaluate_seconds=sum(s[1] for s in spent),
         timing_seconds=sum(s[2] for s in spent),
         sensitivity_seconds=sensitivity_seconds,
+        pruned=sum(t.state == TrialState.PRUNED and records.measured(t) for t in trials),
+        trials=sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials),
     )

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("measure",),
     ("samplers", "storages"),
     ("trial",),
-    ("visualization",),
+    ("visualization", "pruners"),
     ("study",),
     ("cli",),
 )

@@ -98,4 +98,5 @@ def test_workers_start_on_each_storage_as_workers_md_shows(kind: str, tmp_path: 
             storage = f"journal:{(folder / 'examples' / 'workers' / storage.removeprefix('journal:')).resolve()}"
         trials = optuna.load_study(study_name=config["study_name"], storage=open_storage(storage)).get_trials()
     assert counted_trials(trials) == config["max_trials"]
-    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.FAIL}
+    # Pruned: slower than the best model within target (pruning, the default); failed: a dead worker's.
+    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL}

@@ -142,3 +142,25 @@ def test_latency_data_and_a_batch_size_are_one_too_many(bert_path, bert_feeds, b
     settings = dataclasses.replace(fast_bench, batch_size=2)
     with pytest.raises(ValueError, match="latency_data and benchmark.batch_size both say what to time on"):
         Measurer(str(bert_path), bert_feeds, bert_agreement, benchmark=settings, latency_data=_tokens(2, 8))
+
+
+def test_a_watcher_sees_each_block_and_stops_the_timing(sessions, feed, fast_bench) -> None:
+    settings = dataclasses.replace(fast_bench, blocks=6)
+    seen: list[float] = []
+
+    def watch(ratio: float) -> bool:
+        seen.append(ratio)
+        return len(seen) == 2
+
+    result = measure_latency(*sessions, feed, settings, on_block=watch)
+    assert len(seen) == 2 and result.blocks == 2 and result.stopped
+    assert result.lat_diff == pytest.approx(float(np.median(seen)))
+    whole = measure_latency(*sessions, feed, settings, on_block=lambda ratio: False)
+    assert whole.blocks == 6 and not whole.stopped
+
+
+def test_a_stop_at_the_last_block_is_a_whole_measurement(sessions, feed, fast_bench) -> None:
+    result = measure_latency(*sessions, feed, fast_bench, on_block=lambda ratio: True)
+    assert result.blocks == 1 and result.stopped  # fast_bench times 3 blocks
+    last = measure_latency(*sessions, feed, dataclasses.replace(fast_bench, blocks=1), on_block=lambda ratio: True)
+    assert last.blocks == 1 and not last.stopped  # nothing was left to save

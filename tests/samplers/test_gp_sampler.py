@@ -8,6 +8,7 @@ import numpy as np
 import optuna
 import pytest
 
+from optuna_quant.samplers._discrete import History
 from optuna_quant.samplers._gp import acq_max
 from optuna_quant.samplers._gp import BayesianOptimization
 from optuna_quant.samplers._gp import ConstrainedExpectedImprovement
@@ -303,6 +304,21 @@ def test_sampler_skips_failed_pruned_and_running_configurations() -> None:
             study.tell(trial, float(sum(config)))
         # The last few stay running, as if other workers were evaluating them.
     assert len(set(seen)) == 9
+
+
+def test_a_pruned_trial_with_a_reported_value_is_an_observation() -> None:
+    study = optuna.create_study()
+    distributions = {"u": optuna.distributions.CategoricalDistribution([0, 1, 2])}
+    for u, reported in ((0, 3.0), (1, None), (2, 1.0)):
+        study.enqueue_trial({"u": u})
+        trial = study.ask(distributions)
+        if reported is not None:
+            trial.report(reported, 0)
+        study.tell(trial, 1.0 if u == 2 else None, state=None if u == 2 else optuna.trial.TrialState.PRUNED)
+    history = History.collect(study, study.trials, lambda t: [t.params["u"]], 1)
+    # The pruned trial keeps its last report as its value (Optuna's tell); the one without, only its config.
+    assert history.configs.tolist() == [[0], [2]] and history.values.tolist() == [3.0, 1.0]
+    assert history.seen == {(0,), (1,), (2,)}
 
 
 def test_sampler_honours_constraints() -> None:

@@ -28,5 +28,6 @@ def test_the_time_report_adds_up_each_measurement_once_and_ends_at_the_best_tria
     assert report.to_best_seconds == pytest.approx((trials[best.number].datetime_complete - start).total_seconds())
     assert 0 < report.to_best_seconds <= report.wall_seconds
     assert report.other_seconds >= 0
-    pattern = r"Best model \(trial \d+\) after [\d.]+ s of [\d.]+ s: quantize [\d.]+ s, evaluate [\d.]+ s, time [\d.]+ s, sensitivity [\d.]+ s, other [\d.]+ s"
+    pattern = r"Best model \(trial \d+\) after [\d.]+ s of [\d.]+ s: quantize [\d.]+ s, evaluate [\d.]+ s, time [\d.]+ s, sensitivity [\d.]+ s, other [\d.]+ s(; \d+ of \d+ trials pruned)?"
     assert re.fullmatch(pattern, report.summary())
+    assert report.pruned == sum(t.state.name == "PRUNED" and records.measured(t) for t in trials)

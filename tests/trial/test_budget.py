@@ -61,8 +61,9 @@ def test_the_planned_time_is_the_budget_of_trials_or_what_is_left_of_the_timeout
 
 def test_a_study_with_a_timeout_measures_within_its_share_and_ends_with_an_exported_model(make_study, tmp_path) -> None:
     study = make_study(sampler="tpe", latency_reduce=100.0, artifact_dir=tmp_path / "models")  # never met
-    # A timeout long enough for the reference and the recipes on a loaded machine.
-    best = study.optimize(n_trials=200, timeout=60.0)
+    # Only the timeout ends it (a fast machine runs any n_trials within it); long enough for the
+    # reference and the recipes on a loaded machine.
+    best = study.optimize(n_trials=None, timeout=60.0)
     decision = study.user_attrs["sensitivity_plan"]  # decided between the recipes and the search
     assert 0 < decision["budget_s"] <= SENSITIVITY_SHARE * 60.0
     if decision["plan"] is None:  # even the cheapest plan's estimate was over it
@@ -70,7 +71,7 @@ def test_a_study_with_a_timeout_measures_within_its_share_and_ends_with_an_expor
     else:
         assert decision["estimate_s"] <= decision["budget_s"]
         assert guidance.stored(study.study).plan == decision["plan"]
-    assert len(study.trials) < 200 and best is not None
+    assert best is not None
     stored = [meta.filename for meta in get_all_artifact_meta(study.study)]
     assert stored == [model_filename(best.number)]
     assert study.export_best(tmp_path / "best.onnx").number == best.number
