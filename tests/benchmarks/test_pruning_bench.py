@@ -12,11 +12,15 @@ import pytest
 from benchmarks.real_models.pruning import bar_then
 from benchmarks.real_models.pruning import format_summary
 from benchmarks.real_models.pruning import summarise
+from benchmarks.real_models.pruning import wrong_prunes
 from optuna_quant.measure.loss import Targets
 
 
 def _check(wrong: bool, saved: float, eval_samples: int | None = None, eval_wrong: bool = False) -> dict:
-    return {"wrong": wrong, "ahead_of_bar": wrong, "seconds_saved": saved, "eval_samples": eval_samples, "eval_wrong": eval_wrong}
+    check = {"number": 7, "wrong": wrong, "ahead_of_bar": wrong, "seconds_saved": saved, "eval_samples": eval_samples, "eval_wrong": eval_wrong}
+    if wrong:  # a near tie, re-timed beside the best
+        check.update(pruned_lat_diff=2.437, full_lat_diff=2.517, best_lat_diff=2.558, side_by_side={"pruned": 2.48, "best": 2.475})
+    return check
 
 
 def test_the_summary_counts_wrong_prunes_and_the_median_share_of_timing_saved() -> None:
@@ -29,7 +33,13 @@ def test_the_summary_counts_wrong_prunes_and_the_median_share_of_timing_saved() 
     assert (row["seeds"], row["trials"], row["measured"], row["pruned"], row["wrong"]) == (2, 40, 35, 4, 1)
     assert (row["eval_stopped"], row["eval_wrong"]) == (2, 1)
     assert row["saved_share"] == pytest.approx((10 / 110 + 1 / 51) / 2)  # of each study's time unpruned
-    assert "| m (x86-amx) | 35 | 4 | 1 | 1 | 2 (1) | 5.5 s (6 %) |" in format_summary([row])
+    assert row["retimed"] == 1
+    assert "| m (x86-amx) | 35 | 4 | 1 | 1 | 1 | 2 (1) | 5.5 s (6 %) |" in format_summary([row])
+    report = {"model": "m", "int8_class": "x86-amx", "runs": runs}
+    assert wrong_prunes(report) == [
+        "m seed 0 trial 7: pruned at 2.437, in full 2.517; beside the best over the rounds 2.480 against 2.475"
+        " (the best's recorded reading 2.558)"
+    ]
 
 
 def test_a_prune_is_judged_by_the_best_within_target_finished_before_it() -> None:

@@ -48,10 +48,14 @@ def _start(url: str, study: str, n_trials: int, *extra: str) -> subprocess.Popen
     )
 
 
-def _finish(workers: list[subprocess.Popen[str]]) -> None:
+def _finish(workers: list[subprocess.Popen[str]]) -> list[str]:
+    """Each worker's output, once all of them exited well."""
+    outputs = []
     for worker in workers:
         output, _ = worker.communicate(timeout=TIMEOUT)
         assert worker.returncode == 0, output[-3000:]
+        outputs.append(output)
+    return outputs
 
 
 def _trials(url: str, study: str) -> list[FrozenTrial]:
@@ -77,7 +81,7 @@ def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: 
     assert postgres_url.startswith("postgresql://")  # as the docs show it: psycopg 3
     # With the study's sensitivity: measured once, its start-up trials queued once for all three.
     workers = [_start(postgres_url, "three", 15, "--seed", str(seed), "--sensitivity") for seed in range(3)]
-    _finish(workers)
+    outputs = _finish(workers)
     trials = _trials(postgres_url, "three")
     assert len(trials) == 15
     _assert_complete_study(trials, 15)
@@ -85,6 +89,9 @@ def test_three_workers_share_the_budget_and_measure_nothing_twice(postgres_url: 
     assert set(study.user_attrs[SCALING_KEY]) >= {"acc_scale", "lat_scale"}
     measured_by = {t.user_attrs.get(WORKER_KEY) for t in trials if "duplicate_of" not in t.user_attrs}
     assert len(measured_by) >= 2, "the workers did not share the study"
+    # Where no worker stored it: what each said of the sensitivity and of its trials.
+    said = [line for output in outputs for line in output.splitlines() if "ensitivity" in line or "rial" in line]
+    assert "sensitivity" in study.user_attrs, (study.user_attrs.get("sensitivity_plan"), said[-40:])
     assert set(study.user_attrs["sensitivity"]) == {"conv1", "conv2", "fc"}
     assert study.user_attrs["sensitivity_plan"]["plan"] == "full"  # one worker's claim, measured
 
