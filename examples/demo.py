@@ -10,7 +10,7 @@ study's figures are stored for optuna-dashboard after every trial.
 
 Run::
 
-    python -m examples.demo [--trials 40] [--sampler tpe] [--storage sqlite:///demo.db] [--no-progress]
+    python -m examples.demo [--trials 40] [--sampler gp] [--storage sqlite:///demo.db] [--no-progress]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ACCURACY_LOSS, LATENCY_REDUCE = 1.0, 1.5
 def demo_study(
     storage: str,
     *,
-    sampler: str = "tpe",
+    sampler: str = "gp",
     seed: int = 0,
     accuracy_loss: float = ACCURACY_LOSS,
     latency_reduce: float = LATENCY_REDUCE,
@@ -63,7 +63,7 @@ def demo_study(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=40, help="max_trials (default 40)")
-    parser.add_argument("--sampler", default="tpe", help="tpe, gp or random (default tpe)")
+    parser.add_argument("--sampler", default="gp", help="gp, tpe or random (default gp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--storage", default="sqlite:///demo.db")
     parser.add_argument("--accuracy-loss", type=float, default=ACCURACY_LOSS, help="percent (default 1.0)")

@@ -1,9 +1,9 @@
 """The pruning on the real models: trials pruned, time saved, and wrong prunes counted.
 
-Each seed runs one study as ``create_study``'s defaults run it (optuna-quant's TPE, the recipes,
-the sensitivity within its share, ``pruning=True``) for ``--trials`` trials, in a fresh process.
-Then, in that process, every trial the pruner stopped is measured in full with the study's
-objective, as a trial is. A prune is wrong where that puts the configuration within the accuracy
+Each seed runs one study as ``create_study``'s defaults run it (the recipes, the sensitivity
+within its share, ``pruning=True``) with optuna-quant's TPE (the sampler the committed results
+ran) for ``--trials`` trials, in a fresh process. Then, in that process, every trial the
+pruner stopped is measured in full with the study's objective, as a trial is. A prune is wrong where that puts the configuration within the accuracy
 target and ahead of the study's best model: where its full ``lat_diff`` is within
 :data:`NEAR` of the best's recorded one, both int8 models are timed against fp32 in turn for
 ``--rounds`` rounds and the medians compared (one reading each decides a near tie by chance);
@@ -92,6 +92,7 @@ def run_seed(model: str, seed: int, trials: int, rounds: int) -> dict[str, Any]:
             **workload.study_kwargs(),
             accuracy_loss=ACCURACY_LOSS,
             latency_reduce=LATENCY_TARGETS[model],
+            sampler="tpe",
             seed=seed,
             storage=optuna.storages.InMemoryStorage(),
             study_name=f"{model}-pruning-{seed}",

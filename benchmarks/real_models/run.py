@@ -12,7 +12,7 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
   runs the recipes after its reference (``recipes=True``) but ``tpe+full`` and ``gp+full``: the
   studies as ``create_study`` ran them before the recipes, the whole sensitivity measured after
   the reference (``sensitivity="full", recipes=False``); every study prunes the trials that
-  cannot win (``pruning=True``) but ``tpe+prior+unpruned``, the defaults without it;
+  cannot win (``pruning=True``) but ``tpe+prior+unpruned``; ``gp+prior`` is the defaults;
 - ``ort_default``, ``ort_preprocessed``, ``ort_dynamic``..., ``nncf``: the recipes that need no
   tuning, and the peers ``inc`` and ``olive``, run with their own environment's python
   (:mod:`benchmarks.real_models.baselines`); each runs once, as seed 0.

@@ -65,7 +65,7 @@ def create_study(
     latency_reduce: float = 1.0,
     accuracy_weight: float = 1.0,
     latency_weight: float = 1.0,
-    sampler: str | optuna.samplers.BaseSampler = "tpe",
+    sampler: str | optuna.samplers.BaseSampler = "gp",
     seed: int | None = None,
     storage: str | optuna.storages.BaseStorage | None = None,
     study_name: str = "optuna-quant",
@@ -101,7 +101,7 @@ def create_study(
         latency_reduce: Wanted ``fp32_latency / int8_latency``.
         accuracy_weight: Weight of the accuracy term of POT's loss.
         latency_weight: Weight of the latency term of POT's loss.
-        sampler: ``"tpe"`` (default), ``"gp"``, ``"random"``, or any Optuna sampler.
+        sampler: ``"gp"`` (default), ``"tpe"``, ``"random"``, or any Optuna sampler.
         seed: Seed of a sampler given by name.
         storage: A storage URL or Optuna storage object; default an SQLite file,
             ``optuna_quant.db``. PostgreSQL, MySQL/MariaDB, a journal file on a shared file system

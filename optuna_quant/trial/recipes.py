@@ -14,7 +14,9 @@ calibration; the static ones reuse the reference's MinMax ranges.
   per-tensor weights).
 
 A recipe whose scopes the space does not search builds the model of another one (or of the
-reference) and is left out, so each queued recipe builds a model of its own.
+reference) and is left out, so each queued recipe builds a model of its own. On a model without
+convolutions the reference is ``dynamic_per_tensor`` itself
+(:meth:`optuna_quant.trial.space.SearchSpace.from_model`): the first trial holds its model.
 
 Example:
     >>> space = SearchSpace(nodes=("conv", "fc"), approaches=("static", "dynamic"), dynamic_nodes=("fc",))

@@ -21,7 +21,8 @@ Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one sw
 
 Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
 recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
-compute-heavy operators only; dynamic first on a model without convolutions), so that the
+compute-heavy operators only; on a model without convolutions ``quantize_dynamic``'s defaults,
+dynamic per tensor, the first recipe tried on a transformer), so that the
 default configuration (every node int8, first choice of every other scope) is the reference
 trial of the loss. A scope with a single choice on the model has no parameter. Scopes that are
 switched off keep the value of the space's ``base`` configuration, which is how ``fine_tune``
@@ -90,6 +91,8 @@ class SearchSpace:
         dynamic_nodes: The quantizable nodes that the dynamic approach quantizes.
         weight_types: The choices of the ``weight_type`` scope, the reference first (among
             :data:`~optuna_quant.quantization.config.WEIGHT_TYPES`).
+        granularities: The choices of the ``granularity`` scope, the reference first (both of
+            :data:`~optuna_quant.quantization.config.GRANULARITIES`).
         groups: The ``layer`` scope's groups, ``(name, nodes)`` each, which split ``nodes``
             between them; none: one parameter per node.
     """
@@ -101,6 +104,7 @@ class SearchSpace:
     approaches: tuple[str, ...] = APPROACHES[:1]
     dynamic_nodes: tuple[str, ...] = ()
     weight_types: tuple[str, ...] = WEIGHT_TYPES[:1]
+    granularities: tuple[str, ...] = GRANULARITIES
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
@@ -118,6 +122,8 @@ class SearchSpace:
             raise ValueError(f"approach choices {list(self.approaches)} must be among {APPROACHES}.")
         if not self.weight_types or not set(self.weight_types) <= set(WEIGHT_TYPES):
             raise ValueError(f"weight_type choices {list(self.weight_types)} must be among {WEIGHT_TYPES}.")
+        if sorted(self.granularities) != sorted(GRANULARITIES):
+            raise ValueError(f"granularity choices {list(self.granularities)} must be {list(GRANULARITIES)} in some order.")
         grouped = [node for _, nodes in self.groups for node in nodes]
         if self.groups and (sorted(grouped) != sorted(self.nodes) or len(dict(self.groups)) != len(self.groups)):
             raise ValueError("The layer groups must have distinct names and hold every node of the space once.")
@@ -187,6 +193,8 @@ class SearchSpace:
                     f"quantizable nodes are {list(available)}."
                 )
         approaches = approach_choices(model)
+        # Dynamic first: the reference is quantize_dynamic's defaults, the recipe a transformer gets first.
+        granularities = GRANULARITIES[::-1] if approaches[0] == "dynamic" else GRANULARITIES
         groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
         if layer_groups is not None:
             kept = set(chosen)
@@ -195,11 +203,13 @@ class SearchSpace:
         return cls(
             nodes=chosen,
             scopes=frozenset(scopes),
-            base=QuantConfig(approach=approaches[0]),  # the model's reference also with the scope off
+            # The model's reference also with the scopes off.
+            base=QuantConfig(approach=approaches[0], per_channel=granularities[0] == "per_channel"),
             op_types=op_type_choices(model),
             approaches=approaches,
             dynamic_nodes=dynamic_nodes(model),
             weight_types=weight_type_choices(int8_class),
+            granularities=granularities,
             groups=groups,
         )
 
@@ -212,7 +222,7 @@ class SearchSpace:
         if "range_estimator" in self.scopes:
             dists["range_estimator"] = CategoricalDistribution(RANGE_ESTIMATORS)
         if "granularity" in self.scopes:
-            dists["granularity"] = CategoricalDistribution(GRANULARITIES)
+            dists["granularity"] = CategoricalDistribution(self.granularities)
         if "mode" in self.scopes:
             dists["activation_mode"] = CategoricalDistribution(ACTIVATION_MODES)
             dists["weight_mode"] = CategoricalDistribution(WEIGHT_MODES)
@@ -302,6 +312,7 @@ class SearchSpace:
             "approaches": list(self.approaches),
             "dynamic_nodes": list(self.dynamic_nodes),
             "weight_types": list(self.weight_types),
+            "granularities": list(self.granularities),
             "groups": {name: list(nodes) for name, nodes in self.groups},
             "base": {
                 "fallback": sorted(self.base.fallback),
@@ -329,5 +340,6 @@ class SearchSpace:
             approaches=tuple(data.get("approaches", APPROACHES[:1])),
             dynamic_nodes=tuple(data.get("dynamic_nodes", ())),
             weight_types=tuple(data.get("weight_types", WEIGHT_TYPES[:1])),
+            granularities=tuple(data.get("granularities", GRANULARITIES)),
             groups=tuple((name, tuple(nodes)) for name, nodes in data.get("groups", {}).items()),
         )

@@ -495,7 +495,7 @@ stop_on_target: true
 metrics:
   - name: accuracy@top1
     baseline_value: 0.6976
-sampler: tpe
+sampler: gp
 seed: 0
 storage: postgresql://optuna:secret@db.example/optuna
 study_name: resnet18-int8

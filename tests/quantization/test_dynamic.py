@@ -38,6 +38,21 @@ def test_dynamic_comes_first_on_a_transformer_and_not_at_all_on_a_cnn(bert_space
     assert (len(bert_space.nodes), len(bert_space.dynamic_nodes)) == (16, 12)
     cnn_space = SearchSpace.from_model(load_model(cnn))
     assert cnn_space.approaches == ("static",) and "approach" not in cnn_space.distributions()
+    assert cnn_space.default_params()["granularity"] == "per_channel" and cnn_space.base.per_channel
+
+
+def test_the_transformer_reference_is_quantize_dynamic_defaults_and_stored_spaces_keep_theirs(bert_space) -> None:
+    # quantize_dynamic's per tensor, also with the granularity scope off; per channel is the next choice.
+    assert bert_space.granularities == ("per_tensor", "per_channel") and not bert_space.base.per_channel
+    assert not bert_space.to_config(bert_space.default_params()).per_channel
+    assert SearchSpace.from_dict(bert_space.to_dict()) == bert_space
+    # A space stored before the granularity order was: per channel first, as its base says.
+    stored = {key: value for key, value in bert_space.to_dict().items() if key != "granularities"}
+    stored["base"] = {**stored["base"], "per_channel": True}
+    older = SearchSpace.from_dict(stored)
+    assert older.granularities == ("per_channel", "per_tensor") and older.to_config(older.default_params()).per_channel
+    with pytest.raises(ValueError, match="granularity choices"):
+        SearchSpace(nodes=("fc",), granularities=("per_tensor",))
 
 
 def test_params_that_differ_only_where_the_approach_does_not_look_are_one_configuration(bert_space) -> None:
@@ -47,7 +62,7 @@ def test_params_that_differ_only_where_the_approach_does_not_look_are_one_config
     same = {**dynamic, **ignored, f"layer:{activation_matmul}": "fp32"}
     assert bert_space.to_config(same) == bert_space.to_config(dynamic)
     # What dynamic reads makes another configuration; under static every scope does.
-    for name, choice in [("granularity", "per_tensor"), ("weight_mode", "asymmetric"), (f"layer:{bert_space.dynamic_nodes[0]}", "fp32")]:
+    for name, choice in [("granularity", "per_channel"), ("weight_mode", "asymmetric"), (f"layer:{bert_space.dynamic_nodes[0]}", "fp32")]:
         assert bert_space.to_config({**dynamic, name: choice}) != bert_space.to_config(dynamic), name
     static = {**dynamic, "approach": "static"}
     for name, choice in {**ignored, f"layer:{activation_matmul}": "fp32"}.items():

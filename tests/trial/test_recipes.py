@@ -15,9 +15,10 @@ def test_a_transformer_gets_the_dynamic_recipe_first_each_a_model_of_its_own(ber
     space = SearchSpace.from_model(onnx.load(str(bert_path)))
     recipes = recipe_params(space)
     names = [name for name, _ in recipes]
-    # Its reference is dynamic per channel: that recipe is the reference, measured already.
-    assert space.to_config(space.default_params()).approach == "dynamic"
-    assert names == ["dynamic_per_tensor", "static_per_tensor", "static_per_channel", "static_default"]
+    # Its reference is quantize_dynamic's defaults, dynamic per tensor: that recipe is measured already.
+    reference = space.to_config(space.default_params())
+    assert (reference.approach, reference.per_channel) == ("dynamic", False)
+    assert names == ["dynamic_per_channel", "static_per_tensor", "static_per_channel", "static_default"]
     configs = [space.to_config(params) for _, params in recipes]
     assert len(set(configs) | {space.to_config(space.default_params())}) == len(configs) + 1
     assert all(not config.fallback for config in configs)  # every layer int8
@@ -47,5 +48,5 @@ def test_a_study_measures_the_recipes_right_after_its_reference(
         assert queued == [] and study.user_attrs.get("recipes") is None
         return
     assert queued == recipe_params(study.objective.space, limit=2)
-    assert [records.recipe(t) for t in trials[1:3]] == ["dynamic_per_tensor", "static_per_tensor"]
+    assert [records.recipe(t) for t in trials[1:3]] == ["dynamic_per_channel", "static_per_tensor"]
     assert all(records.measured(t) and "duplicate_of" not in t.user_attrs for t in trials[1:3])
