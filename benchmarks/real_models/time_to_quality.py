@@ -8,8 +8,8 @@ sensitivity and coordination included). A recipe or peer reaches it when its one
 its own ``wall_s``; a study's trials up to it are counted too (``trials``: what the machine's load
 does not change). Medians over every seed, a seed that never reached it counting as never (so
 a method that reached it in half its seeds or fewer has no time); ``reached`` counts the seeds
-that did; ``final`` is the
-median of each run's best ``lat_diff`` within the target (a study's over all its trials).
+that did; ``final`` is the median of each run's best ``lat_diff`` within the target (a study's
+over all its trials).
 
 Reports of one model given together (``--together``: runs of two versions of the package, say)
 share one bar, set by all their studies, and each row names its report.
