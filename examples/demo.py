@@ -27,6 +27,7 @@ from examples.demo_model import build_demo_model
 import optuna_quant as oq
 from optuna_quant import logs
 from optuna_quant.cli.probe import run_probe
+from optuna_quant.samplers.factory import DEFAULT_SAMPLER
 
 
 ACCURACY_LOSS, LATENCY_REDUCE = 1.0, 1.5
@@ -36,7 +37,7 @@ ACCURACY_LOSS, LATENCY_REDUCE = 1.0, 1.5
 def demo_study(
     storage: str,
     *,
-    sampler: str = "gp",
+    sampler: str = DEFAULT_SAMPLER,
     seed: int = 0,
     accuracy_loss: float = ACCURACY_LOSS,
     latency_reduce: float = LATENCY_REDUCE,
@@ -63,7 +64,7 @@ def demo_study(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=40, help="max_trials (default 40)")
-    parser.add_argument("--sampler", default="gp", help="gp, tpe or random (default gp)")
+    parser.add_argument("--sampler", default=DEFAULT_SAMPLER, help=f"gp, tpe or random (default {DEFAULT_SAMPLER})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--storage", default="sqlite:///demo.db")
     parser.add_argument("--accuracy-loss", type=float, default=ACCURACY_LOSS, help="percent (default 1.0)")

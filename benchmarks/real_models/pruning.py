@@ -1,14 +1,15 @@
 """The pruning on the real models: trials pruned, time saved, and wrong prunes counted.
 
 Each seed runs one study as ``create_study``'s defaults run it (the recipes, the sensitivity
-within its share, ``pruning=True``) with optuna-quant's TPE (the sampler the committed results
-ran) for ``--trials`` trials, in a fresh process. Then, in that process, every trial the
-pruner stopped is measured in full with the study's objective, as a trial is. A prune is wrong where that puts the configuration within the accuracy
-target and ahead of the study's best model: where its full ``lat_diff`` is within
-:data:`NEAR` of the best's recorded one, both int8 models are timed against fp32 in turn for
-``--rounds`` rounds and the medians compared (one reading each decides a near tie by chance);
-``ahead_of_bar`` counts those ahead of the best that the pruner compared with when it pruned
-(the best within target among the trials finished before it), by the full measurement. A trial
+within its share, ``pruning=True``) with optuna-quant's TPE (``sampler="tpe"``) for ``--trials``
+trials, in a fresh process. Then, in that process, every trial the pruner stopped is measured
+in full with the study's objective, as a trial is. A prune is wrong where that puts the
+configuration within the accuracy target and ahead of the study's best model: where its full
+``lat_diff`` is within :data:`NEAR` of the best's recorded one, both int8 models are timed
+against fp32 in turn for ``--rounds`` rounds and the medians compared (one reading each
+decides a near tie by chance); ``ahead_of_bar`` counts those ahead of the best that the pruner
+compared with when it pruned (the best within target among the trials finished before it), by
+the full measurement. A trial
 whose evaluation was stopped over the accuracy target (``eval_samples``: only where the workload
 scores by samples, ``mnist_demo``) was stopped wrongly where the full evaluation puts it within
 the target. The time saved is the full measurement's timing and evaluation seconds less the

@@ -9,6 +9,8 @@ from optuna_quant.samplers._tpe import TPESampler
 
 
 SAMPLER_NAMES = ("tpe", "gp", "random")
+DEFAULT_SAMPLER = "gp"
+"""The sampler a study gets when none is named (docs/benchmarks.md, "Time to quality")."""
 
 
 def make_sampler(sampler: str | optuna.samplers.BaseSampler, seed: int | None = None) -> optuna.samplers.BaseSampler:

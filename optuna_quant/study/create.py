@@ -26,6 +26,7 @@ from optuna_quant.measure.latency import BenchmarkSettings
 from optuna_quant.measure.loss import Targets
 from optuna_quant.pruners import LatencyPruner
 from optuna_quant.quantization.model_io import ModelLike
+from optuna_quant.samplers.factory import DEFAULT_SAMPLER
 from optuna_quant.samplers.factory import make_sampler
 from optuna_quant.storages.artifacts import check_writable
 from optuna_quant.storages.factory import open_storage
@@ -65,7 +66,7 @@ def create_study(
     latency_reduce: float = 1.0,
     accuracy_weight: float = 1.0,
     latency_weight: float = 1.0,
-    sampler: str | optuna.samplers.BaseSampler = "gp",
+    sampler: str | optuna.samplers.BaseSampler = DEFAULT_SAMPLER,
     seed: int | None = None,
     storage: str | optuna.storages.BaseStorage | None = None,
     study_name: str = "optuna-quant",
