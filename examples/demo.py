@@ -28,6 +28,7 @@ import optuna_quant as oq
 from optuna_quant import logs
 from optuna_quant.cli.probe import run_probe
 from optuna_quant.samplers.factory import DEFAULT_SAMPLER
+from optuna_quant.visualization.dashboard import REFRESH_SECONDS
 
 
 ACCURACY_LOSS, LATENCY_REDUCE = 1.0, 1.5
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Exported the int8 model to {Path(args.export).resolve()}")
     print(study.time_report().summary())
     if study.figures.seconds:
-        print(f"The dashboard's figures, stored after every trial, took {1000 * mean(study.figures.seconds):.0f} ms a trial.")
+        stores = len(study.figures.seconds)
+        print(f"The dashboard's figures, stored {stores} times (at most every {REFRESH_SECONDS:.0f} s, and at the end), took {1000 * mean(study.figures.seconds):.0f} ms a store.")
     print("Open the study in optuna-dashboard (then browse http://127.0.0.1:8080):")
     print(f"  .venv/bin/optuna-dashboard {args.storage}")
     print(f"  .venv/bin/optuna-quant dashboard --storage {args.storage}    # also offers the best model")

@@ -177,10 +177,13 @@ class Measurer:
         self._fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
         self.model = load_model(model)
         self.feeds = to_feeds(calibration_data, self.model)
-        self.prepared = prepare_model(self.model, self.feeds, pre_process=pre_process)
-        self.latency_feed = self._latency_feed(latency_data)
         serialized = self.model.SerializeToString()  # once: large models take seconds
-        self._fp32_session = self._session(serialized)
+        try:
+            self._fp32_session = self._session(serialized)
+        except Exception as err:  # the checker passes graphs that onnxruntime refuses to load
+            raise ValueError(f"onnxruntime cannot load the model: {err}") from err
+        self.prepared = prepare_model(self.model, self.feeds, pre_process=pre_process, session=self._fp32_session)
+        self.latency_feed = self._latency_feed(latency_data)
         self._fp32_sample_scores: np.ndarray | None = None
         if latency_data is not None:
             try:
@@ -189,7 +192,7 @@ class Measurer:
                 raise ValueError(
                     f"The model does not run on latency_data ({feed_shapes(self.latency_feed)}): {err}"
                 ) from err
-        self.quantizer = Quantizer(self.prepared.prepared, self.feeds)
+        self.quantizer = Quantizer(self.prepared.prepared, self.feeds, shapes_inferred=self.prepared.shapes_inferred)
         self._given_int8_nodes = int8_nodes(self.prepared.prepared)
         self.fingerprint = hashlib.sha256(serialized).hexdigest()
         self.cpu = int8_support()

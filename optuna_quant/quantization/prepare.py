@@ -83,14 +83,24 @@ class PreparedModel:
             accuracy and latency on it.
         prepared: The model to quantize and to read the search space from.
         steps: What preparation did, in order, one readable line each.
+        shapes_inferred: Whether ``prepared`` holds ONNX shape inference's value_info (the last
+            step that changed it was ``quant_pre_process``, which ends with it), so that a
+            quantizer need not infer them again.
     """
 
     original: onnx.ModelProto
     prepared: onnx.ModelProto
     steps: tuple[str, ...]
+    shapes_inferred: bool = False
 
 
-def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool | str = True) -> PreparedModel:
+def prepare_model(
+    model: ModelLike,
+    feeds: Sequence[Feed],
+    *,
+    pre_process: bool | str = True,
+    session: ort.InferenceSession | None = None,
+) -> PreparedModel:
     """Prepare ``model`` for quantization, checked against its own outputs on ``feeds``.
 
     Args:
@@ -99,6 +109,8 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
             :data:`CHECK_FEEDS` check each step's outputs.
         pre_process: Run onnxruntime's ``quant_pre_process`` (``True``), and its transformer
             optimizer after it (``"transformer"``), or neither (``False``).
+        session: An onnxruntime session of ``model``, which gives its own outputs: a caller
+            that holds one saves building another (a second or more on large models).
 
     Raises:
         FileNotFoundError, ValueError: For a bad model (see :func:`optuna_quant.quantization.model_io.load_model`),
@@ -109,7 +121,7 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
     original = load_model(model)
     checks = list(feeds[:CHECK_FEEDS])
     try:
-        expected = _run(original, checks)
+        expected = _run(original, checks) if session is None else [session.run(None, feed) for feed in checks]
     except Exception as err:
         raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
     steps: list[str] = []
@@ -128,10 +140,15 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
                 f"Re-export the model with opset {MIN_OPSET} or later."
             )
         steps.append(f"opset {opset} -> {MIN_OPSET}")
+    shapes_inferred = False
     if pre_process:
+        given = work
         work = _pre_processed(work, checks, expected, steps)
+        shapes_inferred = work is not given
     if pre_process == "transformer":
+        fused = work
         work = _transformer_optimized(work, checks, expected, steps)
+        shapes_inferred = shapes_inferred and work is fused
     name_nodes(work)
     for step in steps:
         _logger.info("Prepared the model: %s", step)
@@ -143,7 +160,7 @@ def prepare_model(model: ModelLike, feeds: Sequence[Feed], *, pre_process: bool 
             len(inside),
             ", ".join(inside),
         )
-    return PreparedModel(original=original, prepared=work, steps=tuple(steps))
+    return PreparedModel(original=original, prepared=work, steps=tuple(steps), shapes_inferred=shapes_inferred)
 
 
 def _free_dynamic_dims(model: onnx.ModelProto) -> list[str]:
@@ -237,15 +254,16 @@ SYMBOLIC_SHAPE_DUMP = Path("sym_shape_infer_temp.onnx")
 
 @contextmanager
 def _no_stray_file(path: Path) -> Iterator[None]:
-    """Remove ``path`` and its external data after the block if the block created it.
+    """Remove ``path`` and its external data after the block if the block wrote it.
 
-    onnx names the data file of such a dump ``<uuid>.data``: the dump itself says where it is.
+    onnx names the data file of such a dump ``<uuid>.data``: the dump itself says where it is. A
+    dump left by an earlier run (one killed inside the step) is no reason to keep this one's.
     """
-    existed = path.exists()
+    before = _modified(path)
     try:
         yield
     finally:
-        if not existed and path.exists():
+        if _modified(path) not in (None, before):
             dump = onnx.load(str(path), load_external_data=False)
             locations = {
                 entry.value
@@ -255,6 +273,13 @@ def _no_stray_file(path: Path) -> Iterator[None]:
             }
             for stray in (path, *(path.parent / location for location in locations)):
                 stray.unlink(missing_ok=True)
+
+
+def _modified(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 class _ErrorRecords(logging.Handler):

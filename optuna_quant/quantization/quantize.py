@@ -52,11 +52,13 @@ from onnxruntime.quantization.calibrate import HistogramCalibrater
 from onnxruntime.quantization.calibrate import HistogramCollector
 from onnxruntime.quantization.calibrate import TensorsData
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+from onnxruntime.quantization.quant_utils import add_infer_metadata
 from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
 
 from optuna_quant.quantization.config import op_type_sets
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.dynamic import dynamic_model
+from optuna_quant.quantization.entropy import FastEntropyCollector
 from optuna_quant.quantization.model_io import Feed
 
 
@@ -202,9 +204,11 @@ def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> Non
     differ from those of one call on all samples (the demo's logits clipped at 0.78 instead of
     12.2). Started over the overall range, each call adds its counts into the same bins, which
     gives exactly the histograms of one call. This fills onnxruntime's ``HistogramCollector``
-    and its ``(hist, edges, min, max, threshold)`` entries, which are not public API.
+    and its ``(hist, edges, min, max, threshold)`` entries, which are not public API; the
+    collector is :class:`~optuna_quant.quantization.entropy.FastEntropyCollector`, whose Entropy
+    thresholds are onnxruntime's, found sooner.
     """
-    collector = HistogramCollector(
+    collector = FastEntropyCollector(
         method=calibrator.method,
         symmetric=calibrator.symmetric,
         num_bins=calibrator.num_bins,
@@ -224,8 +228,9 @@ def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> Non
 def compute(calibrator: CalibraterBase, range_estimator: str) -> TensorsData:
     """``calibrator.compute_data()``, a few histograms at a time, logging progress.
 
-    Entropy's threshold search takes most of its calibration time (minutes on a model with a few
-    hundred tensors); computing the thresholds in groups of tensors lets it say how far it is.
+    Entropy's threshold search takes most of its calibration time (tens of seconds on a model
+    with a few hundred tensors); computing the thresholds in groups of tensors lets it say how far
+    it is.
     """
     collector = getattr(calibrator, "collector", None)
     with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints its progress
@@ -260,6 +265,9 @@ class Quantizer:
             :func:`optuna_quant.quantization.prepare.prepare_model`), or its serialized bytes when the caller
             has them already: serializing a large model takes seconds.
         calibration_feeds: Input dicts to calibrate on, fed to the calibrators one at a time.
+        shapes_inferred: ``model`` holds ONNX shape inference's value_info already
+            (:attr:`optuna_quant.quantization.prepare.PreparedModel.shapes_inferred`): it is
+            not inferred again, and not written to a file before a calibration needs one.
 
     Attributes:
         calibration_seconds: Time spent calibrating so far, by calibration family.
@@ -268,12 +276,18 @@ class Quantizer:
         kept_fp32: The nodes that read or write them, fp32 in every configuration.
     """
 
-    def __init__(self, model: onnx.ModelProto | bytes, calibration_feeds: Sequence[Feed]) -> None:
+    def __init__(
+        self, model: onnx.ModelProto | bytes, calibration_feeds: Sequence[Feed], *, shapes_inferred: bool = False
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="optuna-quant-")
-        self.model_path = Path(self._tmp.name) / "model.onnx"
-        self.model_path.write_bytes(model if isinstance(model, bytes) else model.SerializeToString())
+        self._path = Path(self._tmp.name) / "model.onnx"
         # The quantizer needs value_info for every tensor; load once, copy per trial.
-        self._model = load_model_with_shape_infer(self.model_path)
+        if shapes_inferred:
+            self._model = onnx.load_from_string(model) if isinstance(model, bytes) else copy.deepcopy(model)
+            add_infer_metadata(self._model)  # what onnxruntime's quantizers check before inferring again
+        else:
+            self._path.write_bytes(model if isinstance(model, bytes) else model.SerializeToString())
+            self._model = load_model_with_shape_infer(self._path)
         self._feeds = list(calibration_feeds)
         # Only the percentile histogram serves again (each percentile is computed from it); a
         # calibrator holds a copy of the model and a session, so the others are not kept.
@@ -282,6 +296,13 @@ class Quantizer:
         self.calibration_seconds: dict[str, float] = {}
         self.unbounded: tuple[str, ...] = ()
         self.kept_fp32: tuple[str, ...] = ()
+
+    @property
+    def model_path(self) -> Path:
+        """The model's file, which onnxruntime's calibrators read; written when first asked for."""
+        if not self._path.exists():
+            self._path.write_bytes(self._model.SerializeToString())
+        return self._path
 
     def ranges(self, range_estimator: str) -> TensorsData:
         """The activation ranges of ``range_estimator``, computed at most once, without the

@@ -162,6 +162,7 @@ class QuantStudy:
                     callbacks=[self.figures, *callbacks],
                     show_progress_bar=show_progress_bar,
                 ).run()
+                self.figures.flush(self.study)
             best = self.best_result
             if best is not None:
                 _logger.info(best.summary())

@@ -1,9 +1,10 @@
 """optuna-dashboard on a study's storage: the live view of a run, with the study's own figures.
 
 :class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
-:mod:`optuna_quant.visualization.figures` in the study after a trial (every trial of a worker alone,
-at most every 10 s for the study beside other workers), where optuna-dashboard shows them on the study's page (optuna-dashboard keeps Plotly figures in study system attrs,
-``optuna_dashboard.save_plotly_graph_object``): the answer is on the page while the study runs.
+:mod:`optuna_quant.visualization.figures` in the study after a trial, at most every 10 s, and once
+more when a run ends, where optuna-dashboard shows them on the study's page (optuna-dashboard keeps
+Plotly figures in study system attrs, ``optuna_dashboard.save_plotly_graph_object``): the answer is
+on the page while the study runs.
 
 Example:
     >>> study.optimize(n_trials=40, callbacks=[DashboardFigures()])             # doctest: +SKIP
@@ -98,42 +99,62 @@ def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> l
 
 class DashboardFigures:
     """An ``optimize`` callback: after a trial, the study's figures are stored again for
-    optuna-dashboard (those that changed).
+    optuna-dashboard (those that changed), at most every ``every`` seconds; :meth:`flush` stores
+    them when a run ends.
 
-    A worker alone stores them after every trial. Beside other running trials, a worker stores
+    A worker alone stores them once ``every`` seconds passed since its first trial ended or its
+    last store: the first store imports Plotly (about a second), which a study of short trials
+    would otherwise pay before its second trial. Beside other running trials, a worker stores
     them only once ``every`` seconds passed since any worker of the study last did, and at least
     the last store's time over :data:`COST_SHARE` (both kept in the study, :data:`STORED_AT_KEY`):
     with tens of workers, rebuilding the figures of a long study after every trial of each would
-    cost more than the trials' own coordination. The last trial to end, with no other running,
-    stores them.
+    cost more than the trials' own coordination.
 
     Args:
-        every: Seconds between two stores of the study's figures, over all its workers.
+        every: Seconds between two stores of the study's figures, over all its workers; 0 stores
+            them after every trial of a worker alone.
 
     Attributes:
         seconds: Time spent storing figures, per store, for a run's cost report.
+
+    Example:
+        >>> figures = DashboardFigures()
+        >>> study.optimize(n_trials=40, callbacks=[figures])   # doctest: +SKIP
+        >>> figures.flush(study)                                # doctest: +SKIP
     """
 
     def __init__(self, every: float = REFRESH_SECONDS) -> None:
         self.every = every
         self.seconds: list[float] = []
         self._stored: dict[str, str] = {}
+        self._last: float | None = None  # this worker's last store, or its first trial's end
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        now = time.time()
+        if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if self._last is None:
+                self._last = now
+            if now - self._last >= self.every:
+                self._store(study, f"after trial {trial.number}")
+            return
         storage, study_id = study_identity(study)
-        shared = bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if shared:
-            now = time.time()
-            last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
-            # Two workers that read the same time both store: a figure twice, never a lost one.
-            if now - last < max(self.every, took / COST_SHARE):
-                return
-            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, took))
+        last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
+        # Two workers that read the same time both store: a figure twice, never a lost one.
+        if now - last < max(self.every, took / COST_SHARE):
+            return
+        storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, took))
+        self._store(study, f"after trial {trial.number}")
+        storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, self.seconds[-1]))
+
+    def flush(self, study: optuna.Study) -> None:
+        """Store the figures now (those that changed): a run's last word on the dashboard."""
+        self._store(study, "at the end of the run")
+
+    def _store(self, study: optuna.Study, when: str) -> None:
         start = time.perf_counter()
         try:
             save_figures(study, self._stored)
         except Exception as err:  # a chart is never worth a worker: the study goes on without it
-            _logger.warning("Could not store the dashboard's figures after trial %d: %r", trial.number, err)
+            _logger.warning("Could not store the dashboard's figures %s: %r", when, err)
         self.seconds.append(time.perf_counter() - start)
-        if shared:
-            storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, self.seconds[-1]))
+        self._last = time.time()

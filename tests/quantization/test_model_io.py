@@ -196,3 +196,17 @@ def test_a_model_that_does_not_run_on_the_data_is_named(cnn: onnx.ModelProto) ->
     weight.CopyFrom(onnx.numpy_helper.from_array(np.zeros((16, 5, 3, 3), np.float32), "w2"))
     with pytest.raises(ValueError, match="does not run in onnxruntime on the calibration data"):
         prepare_model(broken, [{"input": np.zeros((1, 3, 12, 12), np.float32)}])
+    with pytest.raises(ValueError, match="does not run in onnxruntime on the calibration data"):
+        oq.create_study(broken, [np.zeros((1, 3, 12, 12), np.float32)], lambda session: 1.0, storage="sqlite:///:memory:")
+
+
+def test_a_model_that_onnxruntime_cannot_load_is_named_before_anything_runs() -> None:
+    # The checker lets an operator of an unknown domain pass; onnxruntime refuses to load it.
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Foo", ["x"], ["y"], domain="custom.ops")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("custom.ops", 1)])
+    with pytest.raises(ValueError, match="onnxruntime cannot load the model: .*custom.ops:Foo"):
+        oq.create_study(model, [np.zeros((1, 4), np.float32)], lambda session: 1.0, storage="sqlite:///:memory:")

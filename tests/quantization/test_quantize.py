@@ -8,6 +8,7 @@ from onnx import TensorProto
 import onnxruntime as ort
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization.calibrate import create_calibrator
+from onnxruntime.quantization.calibrate import HistogramCollector
 import optuna
 import pytest
 
@@ -15,12 +16,16 @@ from optuna_quant.quantization.config import op_type_choices
 from optuna_quant.quantization.config import OP_TYPE_SET_NAMES
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
+from optuna_quant.quantization.entropy import entropy_threshold
+from optuna_quant.quantization.entropy import FastEntropyCollector
 from optuna_quant.quantization.model_io import batch_of
 from optuna_quant.quantization.model_io import load_model
 from optuna_quant.quantization.model_io import to_feeds
+from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.quantize import collect
 from optuna_quant.quantization.quantize import ENTROPY_NUM_BINS
 from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.quantization.quantize import seed_histograms
 from optuna_quant.trial.space import SearchSpace
 
 
@@ -294,3 +299,40 @@ def test_entropy_thresholds_log_their_progress(cnn, calib, caplog, monkeypatch) 
     progress = [r.getMessage().split(",")[0] for r in caplog.records if "thresholds of" in r.getMessage()]
     assert tensors == 8  # input, c1, r1, c2, r2, gap, flat, logits: a line after each group of 3 but the last
     assert progress == [f"Calibrating entropy: thresholds of {n} / 8 tensors" for n in (3, 6)]
+
+
+@pytest.mark.parametrize("config", [QuantConfig(), QuantConfig(approach="dynamic", per_channel=True)], ids=["static", "dynamic"])
+def test_a_prepared_model_is_quantized_as_it_is_after_its_shapes_were_inferred_again(cnn, calib, config) -> None:
+    feeds = to_feeds(calib[:8], cnn)
+    prepared = prepare_model(cnn, feeds)
+    assert prepared.shapes_inferred  # quant_pre_process ran, and ends with ONNX shape inference
+    inferred_again = Quantizer(prepared.prepared, feeds).quantize(config)
+    as_prepared = Quantizer(prepared.prepared, feeds, shapes_inferred=True).quantize(config)
+    assert as_prepared.graph.node == inferred_again.graph.node
+    assert as_prepared.graph.initializer == inferred_again.graph.initializer
+    assert not prepare_model(cnn, feeds, pre_process=False).shapes_inferred
+
+
+def test_the_entropy_thresholds_are_onnxruntimes_to_the_bit(quantizer, calib, tmp_path) -> None:
+    calibrator = create_calibrator(
+        quantizer.model_path, augmented_model_path=str(tmp_path / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.Entropy, extra_options={"num_bins": ENTROPY_NUM_BINS},
+    )
+    seed_histograms(calibrator, quantizer.ranges("minmax"))
+    collect(calibrator, to_feeds(calib[:12], load_model(quantizer.model_path)), "Entropy")
+    assert isinstance(calibrator.collector, FastEntropyCollector)
+    histograms = calibrator.collector.histogram_dict
+    assert len(histograms) >= 5
+    for name, histogram in histograms.items():
+        ours = entropy_threshold(histogram, calibrator.num_quantized_bins)
+        theirs = HistogramCollector.get_entropy_threshold(calibrator.collector, histogram, calibrator.num_quantized_bins)
+        assert [np.asarray(v).tobytes() for v in ours] == [np.asarray(v).tobytes() for v in theirs], name
+
+
+def test_entropy_counts_that_are_not_integers_are_left_to_onnxruntime(quantizer) -> None:
+    hist, edges = np.histogram(np.linspace(-1, 1, 4001, dtype=np.float32), 2048, range=(-1, 1))
+    histogram = (hist.astype(np.float64), edges, np.float32(-1), np.float32(1))
+    with pytest.raises(TypeError, match="integer counts, got float64"):
+        entropy_threshold(histogram, 128)
+    collector = FastEntropyCollector("entropy", True, 2048, 128, None, None)
+    assert collector.get_entropy_threshold(histogram, 128) == HistogramCollector.get_entropy_threshold(collector, histogram, 128)

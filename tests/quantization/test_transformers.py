@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+import shutil
 
 import numpy as np
 import onnx
@@ -22,6 +23,7 @@ from examples.bert import SENTENCES
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.prepare import prepare_model
+from optuna_quant.quantization.prepare import SYMBOLIC_SHAPE_DUMP
 from optuna_quant.quantization.quantize import Quantizer
 
 
@@ -43,9 +45,13 @@ def _quantized_tensors(model: onnx.ModelProto) -> set[str]:
     return {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
 
 
-def test_preparing_a_bert_falls_back_and_leaves_no_file_behind(bert_path, bert_feeds, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("left_before", [False, True], ids=["clean", "a dump left by a killed run"])
+def test_preparing_a_bert_falls_back_and_leaves_no_file_behind(bert_path, bert_feeds, tmp_path, monkeypatch, left_before) -> None:
     monkeypatch.chdir(tmp_path)  # where onnxruntime dumps the model its symbolic shape inference failed on
+    if left_before:
+        shutil.copy(bert_path, tmp_path / SYMBOLIC_SHAPE_DUMP)
     prepared = prepare_model(bert_path, bert_feeds)
+    assert prepared.shapes_inferred  # by the second attempt, which skips symbolic shape inference only
     assert prepared.steps[-1].startswith("quant_pre_process skip_symbolic_shape: ")
     assert list(tmp_path.iterdir()) == []
 
@@ -112,6 +118,7 @@ def test_the_transformer_optimizer_fuses_a_bert_that_still_quantizes(bert_path, 
     ops = {node.op_type for node in prepared.prepared.graph.node}
     assert {"SkipLayerNormalization", "BiasGelu"} <= ops
     assert "SkipLayerNormalization" not in {node.op_type for node in prepared.original.graph.node}  # the fp32 baseline
+    assert not prepared.shapes_inferred  # the fused nodes' shapes: inferred by the quantizer
     quantizer = Quantizer(prepared.prepared, bert_feeds)
     for approach, int8_op in (("dynamic", "MatMulInteger"), ("static", "DequantizeLinear")):
         int8 = quantizer.quantize(QuantConfig(approach=approach))

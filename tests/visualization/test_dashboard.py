@@ -156,21 +156,35 @@ def test_the_run_stored_its_figures_for_the_dashboard(dashboard) -> None:
                and trace["name"] in ("both targets met", "a target missed")) == 3
 
 
-def test_figures_are_refreshed_after_every_trial(make_study) -> None:
-    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects  # what the server reads
+def _points(optuna_study: optuna.Study) -> int:
+    """How many trials the stored history figure shows, as the dashboard's server reads it."""
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
 
+    graphs = get_plotly_graph_objects(optuna_study._storage.get_study_system_attrs(optuna_study._study_id))
+    if "lat_diff-history" not in graphs:
+        return 0
+    stored = json.loads(graphs["lat_diff-history"])
+    return sum(len(t["x"]) for t in stored["data"] if t["mode"] == "markers")
+
+
+def test_figures_are_refreshed_after_every_trial_when_asked(make_study) -> None:
     study = make_study(accuracy_loss=50.0, study_name="live")
     counts = []
-
-    def count_points(optuna_study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        stored = json.loads(get_plotly_graph_objects(optuna_study._storage.get_study_system_attrs(optuna_study._study_id))["lat_diff-history"])
-        counts.append(sum(len(t["x"]) for t in stored["data"] if t["mode"] == "markers"))
-
-    figures = DashboardFigures()
-    study.optimize(n_trials=4, callbacks=[figures, count_points])
+    figures = DashboardFigures(every=0.0)
+    study.optimize(n_trials=4, callbacks=[figures, lambda s, t: counts.append(_points(s))])
     # The reference is the first trial; then one more point a trial.
     assert counts == [1, 2, 3, 4]
     assert len(figures.seconds) == 4
+
+
+def test_a_lone_worker_stores_the_figures_every_so_often_and_when_its_run_ends(make_study) -> None:
+    study = make_study(accuracy_loss=50.0, study_name="quiet")
+    study.figures.every = 3600.0  # no trial of this run ends an hour after the first
+    counts = []
+    study.optimize(n_trials=3, callbacks=[lambda s, t: counts.append(_points(s))])
+    assert counts == [0, 0, 0]  # nothing stored on the trials' path
+    assert _points(study.study) == 3  # QuantStudy.optimize stored them as its run ended
+    assert len(study.figures.seconds) == 1
 
 
 def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
@@ -184,7 +198,9 @@ def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
     assert (len(figures.seconds), len(other_worker.seconds)) == (1, 0)  # 60 s for the study, not per worker
     for other in others:
         study.study.tell(other, 1.0)
-    other_worker(study.study, study.trials[1])  # the last one: nobody else is running
+    other_worker(study.study, study.trials[1])  # alone now: 60 s on its own clock, which starts here
+    assert len(other_worker.seconds) == 0
+    other_worker.flush(study.study)  # its run's end
     assert len(other_worker.seconds) == 1
 
 
