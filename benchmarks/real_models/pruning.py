@@ -9,12 +9,11 @@ configuration within the accuracy target and ahead of the study's best model: wh
 against fp32 in turn for ``--rounds`` rounds and the medians compared (one reading each
 decides a near tie by chance); ``ahead_of_bar`` counts those ahead of the best that the pruner
 compared with when it pruned (the best within target among the trials finished before it), by
-the full measurement. A trial
-whose evaluation was stopped over the accuracy target (``eval_samples``: only where the workload
-scores by samples, ``mnist_demo``) was stopped wrongly where the full evaluation puts it within
-the target. The time saved is the full measurement's timing and evaluation seconds less the
-pruned trial's; its share is of the study's time had nothing been pruned (its wall time plus the
-time saved).
+the full measurement. A trial whose evaluation was stopped over the accuracy target
+(``eval_samples``: only where the workload scores by samples, ``mnist_demo``) was stopped wrongly
+where the full evaluation puts it within the target. The time saved is the full measurement's
+timing and evaluation seconds less the pruned trial's; its share is of the study's time had
+nothing been pruned (its wall time plus the time saved).
 
 Example:
     python -m benchmarks.real_models.pruning --model ddddocr --seeds 3 --trials 20 \\

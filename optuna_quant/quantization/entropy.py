@@ -1,12 +1,12 @@
 """Entropy calibration's threshold search, onnxruntime's own without its Python loops over bins.
 
 onnxruntime's ``HistogramCollector.get_entropy_threshold`` tries every symmetric window of the
-histogram around zero (961 of them at 2048 bins), and for each merges the window into
-``num_quantized_bins`` bins and expands them back with two Python loops and Python's ``sum`` over
-NumPy slices: about 0.4 s a tensor, most of an Entropy calibration. :func:`entropy_threshold`
-builds the same reference and candidate distributions for the same windows with NumPy's
-reductions and a cumulative sum, and scores them with onnxruntime's own ``smooth_distribution``
-and ``entropy``: the same thresholds, bit for bit, about 6 times sooner.
+histogram around zero, and for each merges the window into ``num_quantized_bins`` bins and
+expands them back with two Python loops and Python's ``sum`` over NumPy slices, most of an
+Entropy calibration's time. :func:`entropy_threshold` builds the same reference and candidate
+distributions for the same windows with NumPy's reductions and a cumulative sum, and scores them
+with onnxruntime's own ``smooth_distribution`` and ``entropy``: the same thresholds, bit for bit
+(how much sooner: docs/benchmarks.md, "Seconds a study spends besides its trials").
 :class:`FastEntropyCollector` is onnxruntime's collector with it.
 
 Example:

@@ -51,8 +51,16 @@ def settled(study: optuna.Study) -> bool:
 
 def due(study: optuna.Study, trials: Sequence[FrozenTrial], settings: TrialSettings) -> bool:
     """Whether a worker should measure the study's sensitivity before its next trial: guided,
-    nothing queued (the recipes run first), and no worker claimed it yet."""
+    the measured reference among ``trials``, nothing queued (the recipes run first), and no
+    worker claimed it yet.
+
+    Other workers start trials once the reference's scaling is stored, before its trial records
+    its measurement and queues the recipes: a read from then holds neither, and the measurement
+    needs the reference.
+    """
     if not settings.guided or any(t.state == TrialState.WAITING for t in trials):
+        return False
+    if not any(records.is_reference(t) and records.measured(t) for t in trials):
         return False
     return not settled(study)
 

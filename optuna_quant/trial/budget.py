@@ -58,9 +58,8 @@ SENSITIVITY_SHARE = 0.25
 PERCENTILE_COST = 1.5
 """A Percentile calibration's cost in MinMax calibrations (histograms collected over its ranges)."""
 ENTROPY_SECONDS_PER_TENSOR = 0.07
-"""An Entropy calibration's cost per calibrated tensor, its threshold search included: 0.06 to
-0.07 s on silero_vad, ddddocr and PP-OCRv4 (docs/benchmarks.md, "Seconds a study spends besides
-its trials")."""
+"""An Entropy calibration's estimated cost per calibrated tensor, its threshold search included
+(docs/benchmarks.md, "Seconds a study spends besides its trials")."""
 MEASURED_SAMPLES = 32
 """Calibration samples on which the sensitivity measures each model's output error."""
 

@@ -191,7 +191,7 @@ def _report() -> dict:
     def study(method: str, seed: int, lat: list[float]) -> dict:
         trials = [_trial(i, 0.0 if v > 0 else 0.5, abs(v), 10.0 * (i + 1)) for i, v in enumerate(lat)]
         return {"method": method, "seed": seed, "trials": trials, "peak_rss_mb": 100.0, "wall_s": 50.0,
-                "calibration_s": {"MinMax": 2.0}, "prior_s": None}
+                "calibration_s": {"MinMax": 2.0}, "prior_s": None, "setup_s": 4.0 + seed}
 
     budget = 25
     fast = [1.0] * 5 + [2.0] + [1.0] * 19  # 2.0 found at trial 6
@@ -218,6 +218,7 @@ def test_summary_reads_budgets_targets_and_the_issues_bar() -> None:
     text = run.format_summary(_report())
     assert "| a | 2 | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 6 [6, 6]" in text
     assert "c/0 failed: ValueError" in text
+    assert a["setup_s"]["median"] == 4.0 and "| setup s |" in text  # create_study's own time: 4.0 and 5.0 s, the nearest median
 
 
 def test_the_bar_by_configuration_judges_a_configuration_by_the_median_of_its_readings() -> None:

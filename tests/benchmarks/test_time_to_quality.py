@@ -57,7 +57,6 @@ def test_reports_of_one_model_share_a_bar_and_others_are_refused() -> None:
         together({"before.json": _report(), "other.json": _report(int8_class="x86-vnni")})
 
 
-
 def test_one_table_has_a_row_per_model_and_a_cell_per_method_it_ran() -> None:
     other = _report(model="n")
     other["runs"] = [run for run in other["runs"] if run["method"] != "tpe"]

@@ -9,11 +9,13 @@ from optuna.trial import TrialState
 import pytest
 
 from optuna_quant.measure.loss import Targets
+from optuna_quant.study import guiding
 from optuna_quant.study.worker import counted_trials
 from optuna_quant.study.worker import decide
 from optuna_quant.study.worker import Step
 from optuna_quant.study.worker import Worker
 from optuna_quant.trial import records
+from optuna_quant.trial.objective import TrialSettings
 from optuna_quant.trial.records import REFERENCE_KEY
 
 
@@ -168,3 +170,16 @@ def test_the_reference_is_queued_only_if_no_trial_was_made_since_the_read(make_s
     assert first is not None and study.study.trials[0].user_attrs[REFERENCE_KEY]
     assert _worker(study, n_trials=4)._take_trial(Step.QUEUE_REFERENCE, read) is None  # no second one
     assert len(study.study.trials) == 1
+
+
+def test_the_sensitivity_waits_for_a_read_that_holds_the_measured_reference() -> None:
+    # Another worker's read from after the reference stored its scaling, before its trial recorded
+    # the measurement: the sensitivity is not due there; once the read holds it, it is.
+    study = optuna.create_study()
+    settings = TrialSettings(guided=True)
+    running = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={REFERENCE_KEY: True})
+    running.number = 0
+    assert not guiding.due(study, [running], settings)
+    measured = _trials((TrialState.COMPLETE, {REFERENCE_KEY: True}), TrialState.RUNNING)
+    assert guiding.due(study, measured, settings)
+    assert not guiding.due(study, measured, TrialSettings(guided=False))
