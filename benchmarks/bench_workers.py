@@ -1,5 +1,6 @@
 """Worker scaling: trials per minute with 1 to 64 worker processes on one study, whose trials take a
-fixed time, on PostgreSQL and through Optuna's gRPC proxy.
+fixed time, on PostgreSQL, through Optuna's gRPC proxy, and on an SQLite file (the default storage,
+for the workers of one machine).
 
 Each worker is its own process running ``create_study(..., trials_load_method="warm_start")`` and
 ``optimize``, as ``optuna-quant worker`` does on another machine, and everything it does is the
@@ -20,13 +21,15 @@ trial after the reference completed to one trial before the last trial completed
 start and the end of the budget, where workers idle whatever the protocol, are left out), the
 efficiency against one worker (rate / (workers x the rate of one)), the study lock's wait and
 hold per trial and the wait's share of a trial's time, those of the configurations' locks
-(the claims), and the CPU seconds per trial of the
-worker processes and of the servers (the database, and the proxy).
+(the claims), the CPU seconds per trial of the worker processes and of the servers (the database,
+and the proxy), and the SQL statements and transactions per trial that the database ran, every
+client's counted by the server (``pg_stat_statements``).
 
 Run::
 
     .venv/bin/python -m benchmarks.bench_workers --storage postgresql --workers 1,8,32,64 --seconds 2
     .venv/bin/python -m benchmarks.bench_workers --storage grpc --workers 1,8,32,64 --seconds 2
+    .venv/bin/python -m benchmarks.bench_workers --storage sqlite --workers 1,2 --seconds 2
 
 A throwaway PostgreSQL server is started from Debian's binaries
 (:func:`optuna_quant.testing.postgres.postgres_server`, as for the tests), and for ``grpc`` Optuna's
@@ -73,7 +76,7 @@ from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 
 LAYERS = 12
 """Convolutions of the stand-in model: with its output layer, 13 layers, 8192 configurations."""
-STORAGES = ("postgresql", "grpc")
+STORAGES = ("postgresql", "grpc", "sqlite")
 PROTOCOLS = ("optuna-quant", "plain optuna")
 MEASURED = Measurement(
     accuracy=0.99, acc_loss=0.01, latency=LatencyResult(fp32_ms=1.0, int8_ms=0.5, lat_diff=2.0, spread=0.0),
@@ -110,6 +113,9 @@ class Run:
     lock_hold_per_trial: float
     claim_wait_per_trial: float
     claim_hold_per_trial: float
+    statements_per_trial: float | None
+    """The server's count (PostgreSQL, behind the proxy too); ``None`` on SQLite, which has no server."""
+    transactions_per_trial: float | None
     efficiency: float = 0.0
 
 
@@ -152,7 +158,7 @@ def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, ar
     )
     logging.getLogger("optuna_quant").setLevel(logging.WARNING)
 
-    def measure(config: object) -> Measurement:
+    def measure(config: object, watch: object = None, accuracy_watch: object = None) -> Measurement:
         time.sleep(seconds)
         return MEASURED
 
@@ -239,14 +245,53 @@ def server_pids(database_url: str, proxy_url: str | None) -> list[int]:
     return pids
 
 
-def run(storage: str, protocol: str, url: str, servers: list[int], workers: int, rounds: int, seconds: float, label: str) -> Run:
-    """Run ``workers`` worker processes on a fresh study until it holds ``workers * rounds`` trials."""
+class StatementCounter:
+    """The statements and transactions the PostgreSQL server ran in its database, from
+    ``pg_stat_statements`` (the server started with it preloaded): every client's, the proxy's too."""
+
+    def __init__(self, database_url: str) -> None:
+        self.engine = sqlalchemy.create_engine(database_url)
+        with self.engine.begin() as connection:
+            connection.execute(sqlalchemy.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+
+    def reset(self) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_stat_statements_reset()"))
+
+    def counts(self) -> tuple[int, int]:
+        """Statements and transactions (``BEGIN``) since the last :meth:`reset`."""
+        query = (
+            "SELECT coalesce(sum(calls), 0), coalesce(sum(calls) FILTER (WHERE query ILIKE 'begin%'), 0) "
+            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        with self.engine.connect() as connection:
+            statements, transactions = connection.execute(sqlalchemy.text(query)).one()
+        return int(statements), int(transactions)
+
+
+def run(
+    storage: str,
+    protocol: str,
+    url: str,
+    database: str,
+    servers: list[int],
+    counter: StatementCounter | None,
+    workers: int,
+    rounds: int,
+    seconds: float,
+    label: str,
+) -> Run:
+    """Run ``workers`` worker processes on a fresh study until it holds ``workers * rounds`` trials.
+
+    The workers open ``url``; this process opens the ``database`` behind it: a gRPC channel
+    opened before a fork can hang the forked workers' own.
+    """
     context = multiprocessing.get_context("fork")  # the workers share the parent's imports
     ready, results = context.Barrier(workers + 1), context.Queue()
     if protocol == "optuna-quant":
         target, n_trials = work, workers * rounds
     else:
-        optuna.create_study(study_name=label, storage=open_storage(url))
+        optuna.create_study(study_name=label, storage=open_storage(database))
         target, n_trials = plain_work, rounds
     with tempfile.TemporaryDirectory() as artifacts:
         processes = [
@@ -256,6 +301,8 @@ def run(storage: str, protocol: str, url: str, servers: list[int], workers: int,
         for process in processes:
             process.start()
         ready.wait()
+        if counter is not None:
+            counter.reset()
         server_cpu = process_cpu(servers)
         costs = [results.get() for _ in processes]
         for process in processes:
@@ -263,7 +310,8 @@ def run(storage: str, protocol: str, url: str, servers: list[int], workers: int,
             if process.exitcode != 0:
                 raise RuntimeError(f"a worker of {label} exited with {process.exitcode}")
         server_cpu = process_cpu(servers) - server_cpu
-    trials = optuna.load_study(study_name=label, storage=open_storage(url)).get_trials()
+        statements, transactions = counter.counts() if counter is not None else (None, None)
+    trials = optuna.load_study(study_name=label, storage=open_storage(database)).get_trials()
     return Run(
         storage=storage,
         protocol=protocol,
@@ -278,6 +326,8 @@ def run(storage: str, protocol: str, url: str, servers: list[int], workers: int,
         lock_hold_per_trial=sum(c.lock_hold for c in costs) / len(trials),
         claim_wait_per_trial=sum(c.claim.lock_wait for c in costs if c.claim) / len(trials),
         claim_hold_per_trial=sum(c.claim.lock_hold for c in costs if c.claim) / len(trials),
+        statements_per_trial=None if statements is None else statements / len(trials),
+        transactions_per_trial=None if transactions is None else transactions / len(trials),
     )
 
 
@@ -296,14 +346,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     counts = [int(n) for n in args.workers.split(",")]
     with ExitStack() as stack:
-        database = stack.enter_context(postgres_server(max_connections=4 * max(counts) + 20))
-        url = stack.enter_context(grpc_proxy(database)) if args.storage == "grpc" else database
-        servers = server_pids(database, url if args.storage == "grpc" else None)
+        if args.storage == "sqlite":  # the default storage: one file, no server
+            database = url = f"sqlite:///{stack.enter_context(tempfile.TemporaryDirectory())}/bench.db"
+            counter, servers = None, []
+        else:
+            database = stack.enter_context(postgres_server(max_connections=4 * max(counts) + 20, preload=("pg_stat_statements",)))
+            counter = StatementCounter(database)
+            url = stack.enter_context(grpc_proxy(database)) if args.storage == "grpc" else database
+            servers = server_pids(database, url if args.storage == "grpc" else None)
         print(f"load average before: {os.getloadavg()}", flush=True)
         runs: list[Run] = []
         for i, workers in enumerate(counts):
             for protocol in PROTOCOLS:  # side by side: the machine's load weighs on both alike
-                result = run(args.storage, protocol, url, servers, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}")
+                result = run(args.storage, protocol, url, database, servers, counter, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}")
                 alone = next((r for r in runs if r.protocol == protocol), result)
                 result.efficiency = result.trials_per_minute / (workers * alone.trials_per_minute / alone.workers)
                 runs.append(result)
@@ -313,7 +368,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"({result.lock_wait_per_trial / result.median_trial_seconds:.1%} of {result.median_trial_seconds:.2f} s), "
                     f"hold {1000 * result.lock_hold_per_trial:.0f} ms; claim's lock wait {1000 * result.claim_wait_per_trial:.0f} ms, "
                     f"hold {1000 * result.claim_hold_per_trial:.0f} ms; CPU {1000 * result.worker_cpu_per_trial:.0f} ms in "
-                    f"workers + {1000 * result.server_cpu_per_trial:.0f} ms in servers",
+                    f"workers + {1000 * result.server_cpu_per_trial:.0f} ms in servers"
+                    + (
+                        ""
+                        if result.statements_per_trial is None
+                        else f"; {result.statements_per_trial:.0f} statements in {result.transactions_per_trial:.0f} transactions"
+                    ),
                     flush=True,
                 )
         print(f"load average after: {os.getloadavg()}", flush=True)

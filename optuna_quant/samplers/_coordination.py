@@ -37,6 +37,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_quant._optuna_private import cached_trials
 from optuna_quant._optuna_private import fixed_params
 from optuna_quant._optuna_private import set_trial_system_attr
 from optuna_quant._optuna_private import storage_backend
@@ -85,8 +86,9 @@ def other_trials(
     """
     names = tuple(names)
     deadline = time.monotonic() + wait_bound(study_storage(study), wait_seconds)
-    # Not the study's per-trial cache: the point is to see what other workers wrote meanwhile.
-    trials = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+    # The study's per-trial cache, read since this trial was made (a sampler's search space read
+    # it, as Optuna's ask does): it holds every lower-numbered trial; what they chose since is read again.
+    trials = [t for t in cached_trials(study) if t.number != trial.number]
     undecided = [
         t for t in trials if t.number < trial.number and t.state == TrialState.RUNNING and held_params(t, names) is None
     ]

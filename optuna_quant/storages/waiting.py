@@ -84,13 +84,14 @@ class Waiter:
             _logger.info("Waited %.1f s for %s.", self.waited, self.what)
             self.what = None
 
-    def watch(self, lock: StudyLock, study: optuna.Study, look: Look[T]) -> T:
+    def watch(self, lock: StudyLock, study: optuna.Study, look: Look[T], first: Sequence[FrozenTrial] | None = None) -> T:
         """Call ``look`` with the study's trials until it finds something; that.
 
         The looks take no lock: ``lock`` is taken only to fail stale trials and queue them again.
+        ``first``, trials read already, serves the first look instead of a read of the storage.
         """
         while True:
-            trials = study.get_trials(deepcopy=False)
+            trials, first = (study.get_trials(deepcopy=False) if first is None else first), None
             if self.heartbeat is not None and self.heartbeat.stale(trials):
                 with lock():  # read again under the lock: another worker may have failed them meanwhile
                     self.heartbeat.fail(study, self.heartbeat.stale(study.get_trials(deepcopy=False)))

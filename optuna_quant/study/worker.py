@@ -303,31 +303,35 @@ class Worker:
     def _run_trial(self, trial_id: int) -> None:
         """Run the objective on the trial ``trial_id``, beating, and tell the study its result, as
         Optuna's ``optimize`` does (its log lines too); then the callbacks."""
-        number = study_identity(self.study)[0].get_trial(trial_id).number
         clear_trials_cache(self.study)  # the samplers read the trials once for this trial, as after Optuna's ask
         error: Exception | None = None
+        trial: optuna.Trial | None = None
+
+        def number() -> int:  # read only where the sampler's before_trial failed: Trial knows it
+            return trial.number if trial is not None else study_identity(self.study)[0].get_trial(trial_id).number
+
         try:
             trial = optuna.Trial(self.study, trial_id)  # the sampler's before_trial runs here
             with self._beating(trial):
                 values = self.objective.run(trial, self.n_trials)
         except KeyboardInterrupt:
-            self._requeue(number)
+            self._requeue(number())
             raise
         except optuna.TrialPruned as err:
-            frozen = self._tell(number, state=TrialState.PRUNED)
-            _optuna_logger.info("Trial %d pruned. %s", number, err)
+            frozen = self._tell(number(), state=TrialState.PRUNED)
+            _optuna_logger.info("Trial %d pruned. %s", frozen.number, err)
         except Exception as err:
             if _interrupted(err):
-                self._requeue(number)
+                self._requeue(number())
                 raise KeyboardInterrupt from err
             error = err
-            frozen = self._tell(number, state=TrialState.FAIL)
+            frozen = self._tell(number(), state=TrialState.FAIL)
             _optuna_logger.warning(
                 "Trial %d failed with parameters: %s because of the following error: %r.",
-                number, frozen.params, err, exc_info=err,
+                frozen.number, frozen.params, err, exc_info=err,
             )
         else:
-            frozen = self._tell(number, values)
+            frozen = self._tell(number(), values)
             if frozen.state == TrialState.COMPLETE:
                 log_completed_trial(self.study, frozen)
         for callback in self.callbacks:

@@ -73,12 +73,14 @@ def run_as(user: str) -> tuple[list[str], pwd.struct_passwd | None]:
 
 
 @contextmanager
-def postgres_server(max_connections: int = 200, port: int | None = None) -> Iterator[str]:
+def postgres_server(max_connections: int = 200, port: int | None = None, preload: tuple[str, ...] = ()) -> Iterator[str]:
     """Start a server in a temp folder; yield the URL of a fresh database; stop and remove it.
 
     Args:
         max_connections: Connections the server accepts at once (each worker holds up to three).
         port: The port to listen on; a free one by default.
+        preload: Server libraries to load at start (``shared_preload_libraries``), such as
+            ``"pg_stat_statements"``, which counts the statements the benchmark's workers run.
 
     Raises:
         RuntimeError: If no PostgreSQL binaries are installed, or root has no 'postgres' user.
@@ -98,6 +100,8 @@ def postgres_server(max_connections: int = 200, port: int | None = None) -> Iter
     try:
         run(str(bindir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
         options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections}"
+        if preload:
+            options += f" -c shared_preload_libraries={','.join(preload)}"
         run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
         try:
             run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE)

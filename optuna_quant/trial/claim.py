@@ -29,6 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_quant._optuna_private import cached_trials
 from optuna_quant._optuna_private import study_identity
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.samplers._coordination import held_params
@@ -113,4 +114,5 @@ def claim(
         previous, what = found
         return ((previous, list(trials)), "") if previous is not None else (None, what)
 
-    return Waiter(heartbeat).watch(lock, study, look)
+    # The first look on the trials the sampler read for this trial: the claim reads them again under the lock.
+    return Waiter(heartbeat).watch(lock, study, look, first=cached_trials(study))

@@ -39,6 +39,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from optuna_quant._optuna_private import set_trial_attrs
 from optuna_quant.measure.loss import LossScaling
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial.space import SearchSpace
@@ -311,9 +312,7 @@ def reference_trial(
 def start_trial(trial: optuna.Trial, int8_class: str, onnxruntime_version: str) -> None:
     """Name this process as the worker of ``trial`` (a retried trial names the dead one), with
     its CPU's int8 class and its onnxruntime."""
-    trial.set_user_attr(WORKER_KEY, WORKER)
-    trial.set_user_attr(INT8_CLASS_KEY, int8_class)
-    trial.set_user_attr(ONNXRUNTIME_KEY, onnxruntime_version)
+    set_trial_attrs(trial, {WORKER_KEY: WORKER, INT8_CLASS_KEY: int8_class, ONNXRUNTIME_KEY: onnxruntime_version})
 
 
 def provenance(trial: FrozenTrial) -> dict[str, Any]:
@@ -375,11 +374,9 @@ def loss(trial: FrozenTrial) -> float | None:
 
 
 def record_result(trial: optuna.Trial, attrs: Mapping[str, Any], constraints: Mapping[str, float]) -> None:
-    """Record a measurement (its user attrs and its target constraints) on ``trial``."""
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
-    for key, value in constraints.items():
-        trial.set_constraint(key, value)
+    """Record a measurement (its user attrs and its target constraints) on ``trial``, in one write
+    where the storage allows it."""
+    set_trial_attrs(trial, attrs, constraints)
 
 
 def copy_result(trial: optuna.Trial, previous: FrozenTrial) -> None:

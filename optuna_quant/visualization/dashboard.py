@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 import time
+import uuid
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -36,6 +37,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 REFRESH_SECONDS = 10.0
 STORED_AT_KEY = "optuna_quant:figures_stored_at"
+FLUSH_KEY = "optuna_quant:figures_flush"
+"""The study's system attribute of the last worker to end a run: that one stores the figures."""
 """Study system attr: when a worker last stored the figures (seconds since the epoch), and the
 seconds that store took."""
 COST_SHARE = 0.05
@@ -100,15 +103,15 @@ def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> l
 class DashboardFigures:
     """An ``optimize`` callback: after a trial, the study's figures are stored again for
     optuna-dashboard (those that changed), at most every ``every`` seconds; :meth:`flush` stores
-    them when a run ends.
+    them when the study's last run ends.
 
-    A worker alone stores them once ``every`` seconds passed since its first trial ended or its
-    last store: the first store imports Plotly (about a second), which a study of short trials
-    would otherwise pay before its second trial. Beside other running trials, a worker stores
-    them only once ``every`` seconds passed since any worker of the study last did, and at least
-    the last store's time over :data:`COST_SHARE` (both kept in the study, :data:`STORED_AT_KEY`):
-    with tens of workers, rebuilding the figures of a long study after every trial of each would
-    cost more than the trials' own coordination.
+    A worker stores them once ``every`` seconds passed since its first trial ended or its last
+    store, and reads nothing of the study before: the first store imports Plotly (about a second),
+    which a study of short trials would otherwise pay before its second trial. Beside other
+    running trials, it stores them only once ``every`` seconds passed since any worker of the
+    study last did, too, and at least the last store's time over :data:`COST_SHARE` (both kept in
+    the study, :data:`STORED_AT_KEY`): with tens of workers, rebuilding the figures of a long study
+    after every trial of each would cost more than the trials' own coordination.
 
     Args:
         every: Seconds between two stores of the study's figures, over all its workers; 0 stores
@@ -131,11 +134,12 @@ class DashboardFigures:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         now = time.time()
+        if self._last is None:
+            self._last = now
+        if now - self._last < self.every:  # no read of the study: neither rule would store now
+            return
         if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if self._last is None:
-                self._last = now
-            if now - self._last >= self.every:
-                self._store(study, f"after trial {trial.number}")
+            self._store(study, f"after trial {trial.number}")
             return
         storage, study_id = study_identity(study)
         last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
@@ -147,8 +151,20 @@ class DashboardFigures:
         storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, self.seconds[-1]))
 
     def flush(self, study: optuna.Study) -> None:
-        """Store the figures now (those that changed): a run's last word on the dashboard."""
-        self._store(study, "at the end of the run")
+        """Store the figures now (those that changed), unless another worker's trial runs or
+        another worker's run ended since: the last run to end stores the study's last word.
+
+        Workers whose runs end together (a budget used up) each name themselves in the study
+        (:data:`FLUSH_KEY`) and store only if their name is still the last written: one or a few
+        store, not every one, and the last writer always does.
+        """
+        if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            return
+        storage, study_id = study_identity(study)
+        token = uuid.uuid4().hex
+        storage.set_study_system_attr(study_id, FLUSH_KEY, token)
+        if storage.get_study_system_attrs(study_id).get(FLUSH_KEY) == token:
+            self._store(study, "at the end of the run")
 
     def _store(self, study: optuna.Study, when: str) -> None:
         start = time.perf_counter()

@@ -17,6 +17,7 @@ from optuna.storages import BaseStorage
 from optuna.storages import InMemoryStorage
 from optuna.storages import RDBStorage
 import pytest
+import sqlalchemy
 
 
 try:
@@ -153,3 +154,24 @@ def test_the_lines_per_trial_come_from_their_loggers_and_are_summed_up(caplog) -
         f"Trial 1 failed with parameters: {summed} because of the following error: "
         "ValueError('supplied range of {-inf, inf} is not finite')."
     ) in lines
+
+
+def test_a_measurement_is_written_in_one_transaction_as_optuna_writes_it(storage: BaseStorage) -> None:
+    study = optuna.create_study(storage=storage)
+    by_optuna, ours = study.ask(), study.ask()
+    by_optuna.set_user_attr("acc_loss", 0.5)
+    by_optuna.set_constraint("accuracy", -0.5)
+    commits: list[int] = []
+    if isinstance(storage, RDBStorage):
+        sqlalchemy.event.listen(storage.engine, "commit", lambda connection: commits.append(1))
+    with relied_on("RDBStorage._set_trial_attr_without_commit, Trial._cached_frozen_trial, 'constraints:' keys"):
+        private.set_trial_attrs(ours, {"acc_loss": 0.5}, {"accuracy": -0.5})
+    assert commits == ([1] if isinstance(storage, RDBStorage) else [])
+    written, expected = study.get_trials()[1], study.get_trials()[0]
+    assert (written.user_attrs, written.system_attrs) == (expected.user_attrs, expected.system_attrs)
+    assert ours.user_attrs == by_optuna.user_attrs
+    with pytest.raises(ValueError, match="NaN"):
+        private.set_trial_attrs(ours, {}, {"latency": float("nan")})
+    study.tell(ours, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        private.set_trial_attrs(ours, {"acc_loss": 0.1})

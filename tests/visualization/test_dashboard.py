@@ -191,16 +191,21 @@ def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
     study = make_study(accuracy_loss=50.0, study_name="busy")
     study.optimize(n_trials=2)
     others = [study.study.ask(), study.study.ask()]  # trials of two other workers, running
-    figures, other_worker = DashboardFigures(every=60.0), DashboardFigures(every=60.0)
-    figures(study.study, study.trials[0])
+    every = 2.0
+    figures, other_worker = DashboardFigures(every=every), DashboardFigures(every=every)
+    figures(study.study, study.trials[0])  # each worker's clock starts at its first trial's end
+    other_worker(study.study, study.trials[0])
+    assert (len(figures.seconds), len(other_worker.seconds)) == (0, 0)
+    time.sleep(every)
     figures(study.study, study.trials[1])
+    # Its own time is up too, but the study's is not: a store's time over COST_SHARE, at least `every`.
     other_worker(study.study, study.trials[1])
-    assert (len(figures.seconds), len(other_worker.seconds)) == (1, 0)  # 60 s for the study, not per worker
+    assert (len(figures.seconds), len(other_worker.seconds)) == (1, 0)
+    other_worker.flush(study.study)  # its run ends while other workers' trials run: theirs will
+    assert len(other_worker.seconds) == 0
     for other in others:
         study.study.tell(other, 1.0)
-    other_worker(study.study, study.trials[1])  # alone now: 60 s on its own clock, which starts here
-    assert len(other_worker.seconds) == 0
-    other_worker.flush(study.study)  # its run's end
+    other_worker.flush(study.study)  # the study's last run ends
     assert len(other_worker.seconds) == 1
 
 

@@ -137,7 +137,7 @@ class DiscreteGPSampler(InTurnSampler):
     ) -> dict[str, BaseDistribution]:
         """The parameters shared by every completed trial (by every trial with parameters while
         none has completed, so that the first workers of a study already avoid each other)."""
-        space = self._intersection.calculate(study)
+        space = self._intersection.calculate(study, use_cache=True)
         if not space:
             space = _shared_distributions(t for t in cached_trials(study) if t.number != trial.number)
         return {name: d for name, d in sorted(space.items()) if not d.single()}

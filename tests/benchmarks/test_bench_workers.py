@@ -1,0 +1,34 @@
+"""The worker benchmark runs as docs/benchmarks.md shows it, on a real PostgreSQL server, and its
+server-side statement count tells what a trial costs the database beside plain Optuna's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+from conftest import subprocess_env
+import pytest
+
+from optuna_quant.testing.postgres import NO_BINARIES
+from optuna_quant.testing.postgres import pg_bindir
+
+
+@pytest.mark.skipif(pg_bindir() is None, reason=NO_BINARIES)
+def test_one_worker_of_each_protocol_runs_and_its_statements_are_counted(tmp_path) -> None:
+    out = tmp_path / "workers.json"
+    # Its own process, as the docs run it: the benchmark forks its workers, which a process
+    # with pytest's threads cannot safely do.
+    command = ["-m", "benchmarks.bench_workers", "--storage", "postgresql", "--workers", "1", "--rounds", "5"]
+    subprocess.run(
+        [sys.executable, *command, "--seconds", "0.5", "--json", str(out)],
+        cwd=ROOT, env=subprocess_env(), check=True, capture_output=True, timeout=300,
+    )
+    ours, plain = json.loads(out.read_text())
+    assert (ours["protocol"], plain["protocol"]) == ("optuna-quant", "plain optuna")
+    assert ours["trials"] == 5 and plain["trials"] == 5
+    # Plain Optuna: a transaction per parameter (13), per ask and per tell, each of a few statements.
+    assert 13 < plain["transactions_per_trial"] < plain["statements_per_trial"]
+    # A measurement's 19 records are one transaction: with them one each, ours was 59 to plain's 18.
+    assert ours["transactions_per_trial"] < 2.5 * plain["transactions_per_trial"]
