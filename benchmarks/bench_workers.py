@@ -23,7 +23,9 @@ efficiency against one worker (rate / (workers x the rate of one)), the study lo
 hold per trial and the wait's share of a trial's time, those of the configurations' locks
 (the claims), the CPU seconds per trial of the worker processes and of the servers (the database,
 and the proxy), and the SQL statements and transactions per trial that the database ran, every
-client's counted by the server (``pg_stat_statements``).
+client's counted by the server (``pg_stat_statements``). With ``--profile``, optuna-quant's workers
+run under cProfile (timed by their CPU clock, so slower) and report their CPU per trial in each
+part of a trial (:data:`ROLES`).
 
 Run::
 
@@ -43,6 +45,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
 from contextlib import ExitStack
+import cProfile
 from dataclasses import asdict
 from dataclasses import dataclass
 import json
@@ -50,6 +53,7 @@ import logging
 import multiprocessing
 import os
 from pathlib import Path
+import pstats
 import resource
 import statistics
 import tempfile
@@ -77,6 +81,27 @@ from optuna_quant.testing.postgres import postgres_server  # noqa: E402
 LAYERS = 12
 """Convolutions of the stand-in model: with its output layer, 13 layers, 8192 configurations."""
 STORAGES = ("postgresql", "grpc", "sqlite")
+ROLES: dict[str, list[tuple[str, ...]]] = {
+    "decision": [("optuna_quant/storages/waiting.py", "watch", "optuna_quant/study/worker.py", "run")],
+    "sampler": [
+        ("optuna_quant/samplers/_tpe/sampler.py", "infer_relative_search_space"),
+        ("optuna_quant/samplers/_gp/sampler.py", "infer_relative_search_space"),
+        ("optuna_quant/samplers/_base.py", "sample_relative"),
+    ],
+    "claim": [("optuna_quant/trial/claim.py", "claim")],
+    "records": [("optuna_quant/_optuna_private.py", "set_trial_attrs")],
+    "Optuna's parameter writes": [("optuna/storages/_cached_storage.py", "set_trial_param")],
+    "Optuna's tell": [("optuna_quant/study/worker.py", "_tell")],
+    "dashboard's figures": [
+        ("optuna_quant/visualization/dashboard.py", "__call__"),
+        ("optuna_quant/visualization/dashboard.py", "flush"),
+    ],
+}
+"""Where ``--profile`` reads a worker's CPU: the functions of each part of a trial, by file and
+name, and by the caller's where a function serves several parts (the decision's read of the
+trials and its waits; the sampler includes its turn's polls of the lower-numbered trials)."""
+
+
 PROTOCOLS = ("optuna-quant", "plain optuna")
 MEASURED = Measurement(
     accuracy=0.99, acc_loss=0.01, latency=LatencyResult(fp32_ms=1.0, int8_ms=0.5, lat_diff=2.0, spread=0.0),
@@ -94,6 +119,8 @@ class WorkerCost:
     lock_hold: float = 0.0
     claim: WorkerCost | None = None
     """The configurations' locks (:func:`optuna_quant.storages.lock.claim_locks`)."""
+    roles: dict[str, float] | None = None
+    """With ``--profile``: CPU seconds in each of :data:`ROLES`."""
 
 
 @dataclass
@@ -116,6 +143,8 @@ class Run:
     statements_per_trial: float | None
     """The server's count (PostgreSQL, behind the proxy too); ``None`` on SQLite, which has no server."""
     transactions_per_trial: float | None
+    cpu_by_role_per_trial: dict[str, float] | None = None
+    """With ``--profile``: the workers' CPU seconds per trial in each of :data:`ROLES`."""
     efficiency: float = 0.0
 
 
@@ -137,8 +166,26 @@ def timed(lock: StudyLock, cost: WorkerCost) -> StudyLock:
     return timed_lock
 
 
-def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, ready, results) -> None:  # type: ignore[no-untyped-def]
-    """One worker: the real one, whose measurement sleeps ``seconds``; its cost goes to ``results``."""
+def role_seconds(profile: cProfile.Profile) -> dict[str, float]:
+    """CPU seconds of ``profile`` (timed by the process's CPU clock) in each of :data:`ROLES`."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+
+    def seconds(path: str, name: str, *caller: str) -> float:
+        total = 0.0
+        for (file, _, function), (_, _, _, cumulative, callers) in stats.items():
+            if file.endswith(path) and function == name:
+                if not caller:
+                    total += cumulative
+                else:
+                    total += sum(e[3] for (f, _, n), e in callers.items() if f.endswith(caller[0]) and n == caller[1])
+        return total
+
+    return {role: sum(seconds(*entry) for entry in entries) for role, entries in ROLES.items()}
+
+
+def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, profile: bool, ready, results) -> None:  # type: ignore[no-untyped-def]
+    """One worker: the real one, whose measurement sleeps ``seconds``; its cost goes to ``results``,
+    with ``profile`` where its CPU went (:data:`ROLES`), under cProfile."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = build_cnn(channels=(4,) * LAYERS, image_size=4)
     study = oq.create_study(
@@ -168,15 +215,21 @@ def work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, ar
     study.objective.lock = timed(study.objective.lock, cost)
     locks = study.objective.claim_locks
     study.objective.claim_locks = lambda key: timed(locks(key), cost.claim)
+    profiler = cProfile.Profile(time.process_time) if profile else None
     ready.wait()  # every worker made: the runs start together
     before = resource.getrusage(resource.RUSAGE_SELF)
+    if profiler is not None:
+        profiler.enable()
     study.optimize(n_trials=n_trials)
+    if profiler is not None:
+        profiler.disable()
+        cost.roles = role_seconds(profiler)
     after = resource.getrusage(resource.RUSAGE_SELF)
     cost.cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     results.put(cost)
 
 
-def plain_work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, ready, results) -> None:  # type: ignore[no-untyped-def]
+def plain_work(url: str, study_name: str, n_trials: int, seed: int, seconds: float, artifacts: str, profile: bool, ready, results) -> None:  # type: ignore[no-untyped-def]
     """One plain Optuna worker: ``n_trials // workers`` trials (``--rounds``) of the same stand-in."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     address = grpc_address(url)
@@ -280,6 +333,7 @@ def run(
     rounds: int,
     seconds: float,
     label: str,
+    profile: bool = False,
 ) -> Run:
     """Run ``workers`` worker processes on a fresh study until it holds ``workers * rounds`` trials.
 
@@ -295,7 +349,7 @@ def run(
         target, n_trials = plain_work, rounds
     with tempfile.TemporaryDirectory() as artifacts:
         processes = [
-            context.Process(target=target, args=(url, label, n_trials, seed, seconds, artifacts, ready, results))
+            context.Process(target=target, args=(url, label, n_trials, seed, seconds, artifacts, profile, ready, results))
             for seed in range(workers)
         ]
         for process in processes:
@@ -328,6 +382,9 @@ def run(
         claim_hold_per_trial=sum(c.claim.lock_hold for c in costs if c.claim) / len(trials),
         statements_per_trial=None if statements is None else statements / len(trials),
         transactions_per_trial=None if transactions is None else transactions / len(trials),
+        cpu_by_role_per_trial=None
+        if not any(c.roles for c in costs)
+        else {role: sum(c.roles[role] for c in costs if c.roles) / len(trials) for role in ROLES},
     )
 
 
@@ -339,6 +396,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=2.0, help="the stand-in trial's duration")
     parser.add_argument("--rounds", type=int, default=10, help="trials per worker")
     parser.add_argument("--json", type=Path, help="also write the runs to this file")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile optuna-quant's workers: their CPU by part of a trial (slower: cProfile)"
+    )
     return parser.parse_args(argv)
 
 
@@ -358,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs: list[Run] = []
         for i, workers in enumerate(counts):
             for protocol in PROTOCOLS:  # side by side: the machine's load weighs on both alike
-                result = run(args.storage, protocol, url, database, servers, counter, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}")
+                result = run(args.storage, protocol, url, database, servers, counter, workers, args.rounds, args.seconds, f"bench-{workers}-{i}-{protocol}", args.profile)
                 alone = next((r for r in runs if r.protocol == protocol), result)
                 result.efficiency = result.trials_per_minute / (workers * alone.trials_per_minute / alone.workers)
                 runs.append(result)
@@ -376,6 +436,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     ),
                     flush=True,
                 )
+                if result.cpu_by_role_per_trial is not None:
+                    parts = ", ".join(f"{role} {1000 * cpu:.0f} ms" for role, cpu in result.cpu_by_role_per_trial.items())
+                    print(f"    CPU per trial by part, under cProfile: {parts}", flush=True)
         print(f"load average after: {os.getloadavg()}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")

@@ -33,11 +33,11 @@
   other trials may choose (:func:`fixed_params`).
 - ``_create_scoped_session``, the RDB storage's ``models`` and the upsert of
   ``RDBStorage._set_trial_attr_without_commit``, ``Trial._trial_id`` and
-  ``Trial._cached_frozen_trial``: a trial's measurement, 17 user attributes and its constraints,
-  written in one transaction of an RDB storage of three statements instead of 19 transactions of
-  two (:func:`set_trial_attrs`); Optuna 5 writes one attribute a transaction. The constraints are
-  system attributes under Optuna's ``"constraints:<name>"`` keys (``Trial.set_constraint``, whose
-  read of every system attribute before each write the measurement does not need).
+  ``Trial._cached_frozen_trial``: a trial's measurement, its user attributes and its constraints,
+  written in one transaction of an RDB storage (:func:`set_trial_attrs`), where Optuna's API
+  writes one attribute a transaction. The constraints are system attributes under Optuna's
+  ``"constraints:<name>"`` keys (``Trial.set_constraint``, whose read of every system attribute
+  before each write the measurement does not need).
 - The loggers of Optuna's lines of a finished trial (``optuna.study.study``) and of a failed one
   (``optuna.study._optimize``) and those lines' form, which lists every parameter: on a model of
   48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines` sums the layers up in them

@@ -110,7 +110,7 @@ def prepare_model(
         pre_process: Run onnxruntime's ``quant_pre_process`` (``True``), and its transformer
             optimizer after it (``"transformer"``), or neither (``False``).
         session: An onnxruntime session of ``model``, which gives its own outputs: a caller
-            that holds one saves building another (a second or more on large models).
+            that holds one saves building another.
 
     Raises:
         FileNotFoundError, ValueError: For a bad model (see :func:`optuna_quant.quantization.model_io.load_model`),
@@ -121,7 +121,7 @@ def prepare_model(
     original = load_model(model)
     checks = list(feeds[:CHECK_FEEDS])
     try:
-        expected = _run(original, checks) if session is None else [session.run(None, feed) for feed in checks]
+        expected = _run(session if session is not None else _session(original), checks)
     except Exception as err:
         raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
     steps: list[str] = []
@@ -294,10 +294,13 @@ class _ErrorRecords(logging.Handler):
             self.first = record.getMessage()
 
 
-def _run(model: onnx.ModelProto, feeds: list[Feed]) -> list[list[np.ndarray]]:
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: ort.InferenceSession, feeds: list[Feed]) -> list[list[np.ndarray]]:
     return [session.run(None, feed) for feed in feeds]
 
 
@@ -305,7 +308,7 @@ def _mismatch(model: onnx.ModelProto, feeds: list[Feed], expected: list[list[np.
     """How ``model``'s outputs differ from ``expected`` beyond :data:`RTOL`, or None."""
     outputs = [value.name for value in model.graph.output]
     try:
-        results = _run(model, feeds)
+        results = _run(_session(model), feeds)
     except Exception as err:  # an invalid conversion can fail only when onnxruntime loads it
         return f"it does not run in onnxruntime ({err})"
     for index, (got, want) in enumerate(zip(results, expected)):

@@ -228,9 +228,8 @@ def seed_histograms(calibrator: HistogramCalibrater, ranges: TensorsData) -> Non
 def compute(calibrator: CalibraterBase, range_estimator: str) -> TensorsData:
     """``calibrator.compute_data()``, a few histograms at a time, logging progress.
 
-    Entropy's threshold search takes most of its calibration time (tens of seconds on a model
-    with a few hundred tensors); computing the thresholds in groups of tensors lets it say how far
-    it is.
+    Entropy's threshold search takes most of its calibration time on a model with hundreds of
+    tensors; computing the thresholds in groups of tensors lets it say how far it is.
     """
     collector = getattr(calibrator, "collector", None)
     with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints its progress

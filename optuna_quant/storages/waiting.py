@@ -91,7 +91,8 @@ class Waiter:
         ``first``, trials read already, serves the first look instead of a read of the storage.
         """
         while True:
-            trials, first = (study.get_trials(deepcopy=False) if first is None else first), None
+            trials = study.get_trials(deepcopy=False) if first is None else first
+            first = None
             if self.heartbeat is not None and self.heartbeat.stale(trials):
                 with lock():  # read again under the lock: another worker may have failed them meanwhile
                     self.heartbeat.fail(study, self.heartbeat.stale(study.get_trials(deepcopy=False)))

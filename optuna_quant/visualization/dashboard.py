@@ -37,10 +37,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 REFRESH_SECONDS = 10.0
 STORED_AT_KEY = "optuna_quant:figures_stored_at"
-FLUSH_KEY = "optuna_quant:figures_flush"
-"""The study's system attribute of the last worker to end a run: that one stores the figures."""
 """Study system attr: when a worker last stored the figures (seconds since the epoch), and the
 seconds that store took."""
+FLUSH_KEY = "optuna_quant:figures_flush"
+"""Study system attr: the last worker to end a run, which stores the figures."""
 COST_SHARE = 0.05
 """Beside other workers, the figures take at most this share of one worker's time."""
 
@@ -105,9 +105,10 @@ class DashboardFigures:
     optuna-dashboard (those that changed), at most every ``every`` seconds; :meth:`flush` stores
     them when the study's last run ends.
 
-    A worker stores them once ``every`` seconds passed since its first trial ended or its last
-    store, and reads nothing of the study before: the first store imports Plotly (about a second),
-    which a study of short trials would otherwise pay before its second trial. Beside other
+    A worker stores them once ``every`` seconds passed since its first trial ended or it last
+    stored them or found it another worker's turn, and reads nothing of the study before: the
+    first store imports Plotly, which a study of short trials would otherwise pay before its
+    second trial. Beside other
     running trials, it stores them only once ``every`` seconds passed since any worker of the
     study last did, too, and at least the last store's time over :data:`COST_SHARE` (both kept in
     the study, :data:`STORED_AT_KEY`): with tens of workers, rebuilding the figures of a long study
@@ -145,6 +146,7 @@ class DashboardFigures:
         last, took = storage.get_study_system_attrs(study_id).get(STORED_AT_KEY, (0.0, 0.0))
         # Two workers that read the same time both store: a figure twice, never a lost one.
         if now - last < max(self.every, took / COST_SHARE):
+            self._last = now  # another worker's turn: look again in `every` s, not after each trial
             return
         storage.set_study_system_attr(study_id, STORED_AT_KEY, (now, took))
         self._store(study, f"after trial {trial.number}")
@@ -158,12 +160,17 @@ class DashboardFigures:
         (:data:`FLUSH_KEY`) and store only if their name is still the last written: one or a few
         store, not every one, and the last writer always does.
         """
-        if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            return
         storage, study_id = study_identity(study)
         token = uuid.uuid4().hex
-        storage.set_study_system_attr(study_id, FLUSH_KEY, token)
-        if storage.get_study_system_attrs(study_id).get(FLUSH_KEY) == token:
+        try:
+            if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                return
+            storage.set_study_system_attr(study_id, FLUSH_KEY, token)
+            last = storage.get_study_system_attrs(study_id).get(FLUSH_KEY) == token
+        except Exception as err:  # as a store's failure: the run's results stand without the figures
+            _logger.warning("Could not store the dashboard's figures at the end of the run: %r", err)
+            return
+        if last:
             self._store(study, "at the end of the run")
 
     def _store(self, study: optuna.Study, when: str) -> None:

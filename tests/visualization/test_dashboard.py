@@ -205,6 +205,9 @@ def test_beside_other_workers_the_figures_wait_their_turn(make_study) -> None:
     assert len(other_worker.seconds) == 0
     for other in others:
         study.study.tell(other, 1.0)
+    # Turned away, it looks again only `every` s later, with no read of the study meanwhile.
+    other_worker(study.study, study.trials[1])
+    assert len(other_worker.seconds) == 0
     other_worker.flush(study.study)  # the study's last run ends
     assert len(other_worker.seconds) == 1
 
