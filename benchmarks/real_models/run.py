@@ -12,7 +12,9 @@ stopping at the target, so that the best ``lat_diff`` within the accuracy target
   runs the recipes after its reference (``recipes=True``) but ``tpe+full`` and ``gp+full``: the
   studies as ``create_study`` ran them before the recipes, the whole sensitivity measured after
   the reference (``sensitivity="full", recipes=False``); every study prunes the trials that
-  cannot win (``pruning=True``) but ``tpe+prior+unpruned``; ``gp+prior`` is the defaults;
+  cannot win (``pruning=True``) but ``tpe+prior+unpruned``; ``gp+prior`` is the defaults, and
+  ``gp+prior+no_recovery`` the defaults without the recovery transforms' scopes
+  (:data:`optuna_quant.quantization.recovery.TRANSFORMS`);
 - ``ort_default``, ``ort_preprocessed``, ``ort_dynamic``..., ``nncf``: the recipes that need no
   tuning, and the peers ``inc`` and ``olive``, run with their own environment's python
   (:mod:`benchmarks.real_models.baselines`); each runs once, as seed 0.
@@ -63,7 +65,9 @@ from benchmarks.real_models.workloads import build  # noqa: E402
 from benchmarks.real_models.workloads import LATENCY_TARGETS  # noqa: E402
 import optuna_quant  # noqa: E402
 from optuna_quant.measure.latency import BenchmarkSettings  # noqa: E402
+from optuna_quant.quantization.recovery import TRANSFORMS  # noqa: E402
 from optuna_quant.trial.space import LAYER_PREFIX  # noqa: E402
+from optuna_quant.trial.space import SCOPES  # noqa: E402
 
 
 SETTINGS = BenchmarkSettings(threads=1, warmup=5, blocks=8, min_seconds=1.0)
@@ -79,7 +83,10 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 PRIOR_SUFFIX = "+prior"
 FULL_SUFFIX = "+full"
 UNPRUNED_SUFFIX = "+unpruned"
-TUNING = ("tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe", "tpe+full", "gp+full", "tpe+prior+unpruned")
+NO_RECOVERY_SUFFIX = "+no_recovery"
+TUNING = (
+    "tpe", "gp", "tpe+prior", "gp+prior", "optuna_tpe", "tpe+full", "gp+full", "tpe+prior+unpruned", "gp+prior+no_recovery"
+)
 METHODS = (*TUNING, *BASELINES)
 DEFAULT_METHODS = tuple(method for method in METHODS if method not in PEERS)
 
@@ -95,7 +102,9 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s:%(name)s:%(message)s")
     workload = build(model, **sizes)
     record: dict[str, Any] = {"workload_rss_mb": _peak_rss_mb()}
-    base = method.removesuffix(UNPRUNED_SUFFIX)
+    # +no_recovery: the defaults without the recovery transforms' scopes.
+    recovery = not method.endswith(NO_RECOVERY_SUFFIX)
+    base = method.removesuffix(NO_RECOVERY_SUFFIX).removesuffix(UNPRUNED_SUFFIX)
     sampler = SAMPLERS[base.removesuffix(PRIOR_SUFFIX).removesuffix(FULL_SUFFIX)](seed)
     with tempfile.TemporaryDirectory() as folder:
         opened, start = time.time(), time.perf_counter()
@@ -114,7 +123,8 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
             # +full: the defaults before the time-to-quality change (the whole sensitivity, no recipe).
             sensitivity="full" if base.endswith(FULL_SUFFIX) else base.endswith(PRIOR_SUFFIX),
             recipes=not base.endswith(FULL_SUFFIX),
-            pruning=base == method,
+            pruning=not method.endswith(UNPRUNED_SUFFIX),
+            scopes=SCOPES if recovery else tuple(scope for scope in SCOPES if scope not in TRANSFORMS),
         )
         record["setup_s"] = time.perf_counter() - start
         study.optimize(n_trials=trials)
@@ -135,7 +145,9 @@ def run_study(model: str, method: str, seed: int, trials: int, latency_reduce: f
         }
         for t in study.trials
     ]
-    record["calibration_s"] = dict(getattr(study.objective.measurer.quantizer, "calibration_seconds", {}))
+    quantizer = study.objective.measurer.quantizer
+    record["calibration_s"] = dict(quantizer.calibration_seconds)
+    record["transform_s"] = dict(quantizer.transform_seconds)
     record["layers"] = sum(name.startswith("layer") for name in study.trials[0].params)
     record["workload"] = {"source": workload.source, "score": workload.score, **workload.info}
     return record

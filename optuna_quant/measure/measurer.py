@@ -192,7 +192,12 @@ class Measurer:
                 raise ValueError(
                     f"The model does not run on latency_data ({feed_shapes(self.latency_feed)}): {err}"
                 ) from err
-        self.quantizer = Quantizer(self.prepared.prepared, self.feeds, shapes_inferred=self.prepared.shapes_inferred)
+        self.quantizer = Quantizer(
+            self.prepared.prepared,
+            self.feeds,
+            shapes_inferred=self.prepared.shapes_inferred,
+            expected_outputs=self.prepared.outputs,
+        )
         self._given_int8_nodes = int8_nodes(self.prepared.prepared)
         self.fingerprint = hashlib.sha256(serialized).hexdigest()
         self.cpu = int8_support()

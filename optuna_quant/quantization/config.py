@@ -24,6 +24,8 @@ import functools
 
 import onnx
 
+from optuna_quant.quantization.recovery import TRANSFORMS
+
 
 QUANTIZABLE_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 OP_TYPE_SET_NAMES: tuple[str, ...] = ("compute", "qdq", "all")
@@ -87,6 +89,8 @@ class QuantConfig:
         weight_symmetric: Symmetric int8 weights (else int8 with a zero point).
         op_types: The operator types that get Q/DQ: one of :data:`OP_TYPE_SET_NAMES`.
         weight_type: One of :data:`WEIGHT_TYPES`.
+        recovery: The recovery transforms applied to the fp32 graph first (names of
+            :data:`optuna_quant.quantization.recovery.TRANSFORMS`).
     """
 
     fallback: frozenset[str] = frozenset()
@@ -97,6 +101,7 @@ class QuantConfig:
     weight_symmetric: bool = WEIGHT_MODES[0] == "symmetric"
     op_types: str = OP_TYPE_SET_NAMES[0]
     weight_type: str = WEIGHT_TYPES[0]
+    recovery: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.approach not in APPROACHES:
@@ -109,6 +114,9 @@ class QuantConfig:
             raise ValueError(f"Unknown op_types {self.op_types!r}; choose from {OP_TYPE_SET_NAMES}.")
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"Unknown weight_type {self.weight_type!r}; choose from {WEIGHT_TYPES}.")
+        unknown = sorted(self.recovery - set(TRANSFORMS))
+        if unknown:
+            raise ValueError(f"Unknown recovery transform(s) {unknown}; choose from {sorted(TRANSFORMS)}.")
 
 
 def quantizable_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
@@ -198,14 +206,14 @@ def weight_type_choices(int8_class: str | None) -> tuple[str, ...]:
 
 def effective_config(config: QuantConfig, dynamic: Collection[str]) -> QuantConfig:
     """``config`` as its approach builds it: under ``dynamic``, the fields it ignores (range
-    estimator, activation mode, operator types) at the reference's values and the fallback among
+    estimator, activation mode, operator types, recovery) at the reference's values and the fallback among
     the nodes it quantizes (``dynamic``, :func:`dynamic_nodes`). Two configurations that build the
     same model are then equal.
 
     Example:
         >>> effective_config(QuantConfig(approach="dynamic", range_estimator="entropy",
         ...                              fallback=frozenset({"qk", "fc"})), ["fc"])
-        QuantConfig(fallback=frozenset({'fc'}), approach='dynamic', range_estimator='minmax', per_channel=True, activation_symmetric=False, weight_symmetric=True, op_types='compute', weight_type='int8')
+        QuantConfig(fallback=frozenset({'fc'}), approach='dynamic', range_estimator='minmax', per_channel=True, activation_symmetric=False, weight_symmetric=True, op_types='compute', weight_type='int8', recovery=frozenset())
     """
     if config.approach != "dynamic":
         return config
@@ -216,4 +224,6 @@ def effective_config(config: QuantConfig, dynamic: Collection[str]) -> QuantConf
         range_estimator=reference.range_estimator,
         activation_symmetric=reference.activation_symmetric,
         op_types=reference.op_types,
+        # The transforms change Conv and Gemm weights, which the dynamic approach leaves fp32.
+        recovery=reference.recovery,
     )

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 import copy
 from dataclasses import dataclass
+from dataclasses import field
 import logging
 from pathlib import Path
 import tempfile
@@ -86,12 +87,15 @@ class PreparedModel:
         shapes_inferred: Whether ``prepared`` holds ONNX shape inference's value_info (the last
             step that changed it was ``quant_pre_process``, which ends with it), so that a
             quantizer need not infer them again.
+        outputs: The user's model's outputs on the first :data:`CHECK_FEEDS` feeds, which
+            every step was checked against (and a recovery transform is).
     """
 
     original: onnx.ModelProto
     prepared: onnx.ModelProto
     steps: tuple[str, ...]
     shapes_inferred: bool = False
+    outputs: tuple[list[np.ndarray], ...] = field(default=(), compare=False, repr=False)
 
 
 def prepare_model(
@@ -121,7 +125,7 @@ def prepare_model(
     original = load_model(model)
     checks = list(feeds[:CHECK_FEEDS])
     try:
-        expected = _run(session if session is not None else _session(original), checks)
+        expected = run_feeds(session if session is not None else check_session(original), checks)
     except Exception as err:
         raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
     steps: list[str] = []
@@ -133,7 +137,7 @@ def prepare_model(
     opset = opset_of(work)
     if opset < MIN_OPSET:
         work = _upgraded(work, opset)
-        mismatch = _mismatch(work, checks, expected)
+        mismatch = output_mismatch(work, checks, expected)
         if mismatch:
             raise ValueError(
                 f"Converting the model from opset {opset} to {MIN_OPSET} changes its outputs: {mismatch}. "
@@ -160,7 +164,9 @@ def prepare_model(
             len(inside),
             ", ".join(inside),
         )
-    return PreparedModel(original=original, prepared=work, steps=tuple(steps), shapes_inferred=shapes_inferred)
+    return PreparedModel(
+        original=original, prepared=work, steps=tuple(steps), shapes_inferred=shapes_inferred, outputs=tuple(expected)
+    )
 
 
 def _free_dynamic_dims(model: onnx.ModelProto) -> list[str]:
@@ -212,7 +218,7 @@ def _pre_processed(
                 pre_logger.removeHandler(errors)
             if failure is None:
                 prepared = onnx.load(str(output))
-                mismatch = _mismatch(prepared, checks, expected)
+                mismatch = output_mismatch(prepared, checks, expected)
                 if mismatch is None:
                     steps.append(f"{label}: {len(model.graph.node)} -> {len(prepared.graph.node)} nodes")
                     return prepared
@@ -234,7 +240,7 @@ def _transformer_optimized(
         # session's own optimizations run when onnxruntime loads the model anyway.
         optimizer = optimize_model(copy.deepcopy(model), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
         optimized = optimizer.model
-        failure = _mismatch(optimized, checks, expected)
+        failure = output_mismatch(optimized, checks, expected)
     except Exception as err:
         failure = f"{type(err).__name__}: {err}"
     if failure is not None:
@@ -294,21 +300,24 @@ class _ErrorRecords(logging.Handler):
             self.first = record.getMessage()
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+def check_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session of ``model`` for the output checks: default options, quiet."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _run(session: ort.InferenceSession, feeds: list[Feed]) -> list[list[np.ndarray]]:
+def run_feeds(session: ort.InferenceSession, feeds: Sequence[Feed]) -> list[list[np.ndarray]]:
+    """``session``'s outputs on each of ``feeds``."""
     return [session.run(None, feed) for feed in feeds]
 
 
-def _mismatch(model: onnx.ModelProto, feeds: list[Feed], expected: list[list[np.ndarray]]) -> str | None:
-    """How ``model``'s outputs differ from ``expected`` beyond :data:`RTOL`, or None."""
+def output_mismatch(model: onnx.ModelProto, feeds: Sequence[Feed], expected: Sequence[Sequence[np.ndarray]]) -> str | None:
+    """How ``model``'s outputs on ``feeds`` differ from ``expected`` beyond :data:`RTOL`, in
+    words, or ``None`` where they do not."""
     outputs = [value.name for value in model.graph.output]
     try:
-        results = _run(_session(model), feeds)
+        results = run_feeds(check_session(model), feeds)
     except Exception as err:  # an invalid conversion can fail only when onnxruntime loads it
         return f"it does not run in onnxruntime ({err})"
     for index, (got, want) in enumerate(zip(results, expected)):

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 import contextlib
 import copy
+from dataclasses import replace
 import io
 import logging
 from pathlib import Path
@@ -60,6 +61,11 @@ from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.dynamic import dynamic_model
 from optuna_quant.quantization.entropy import FastEntropyCollector
 from optuna_quant.quantization.model_io import Feed
+from optuna_quant.quantization.prepare import CHECK_FEEDS
+from optuna_quant.quantization.prepare import check_session
+from optuna_quant.quantization.prepare import output_mismatch
+from optuna_quant.quantization.prepare import run_feeds
+from optuna_quant.quantization.recovery import apply_transforms
 
 
 _logger = logging.getLogger(__name__)
@@ -267,16 +273,26 @@ class Quantizer:
         shapes_inferred: ``model`` holds ONNX shape inference's value_info already
             (:attr:`optuna_quant.quantization.prepare.PreparedModel.shapes_inferred`): it is
             not inferred again, and not written to a file before a calibration needs one.
+        expected_outputs: The fp32 outputs on the first calibration feeds that a recovery
+            transform must keep (:attr:`optuna_quant.quantization.prepare.PreparedModel.outputs`);
+            default ``model``'s own, computed when a transform is first asked for.
 
     Attributes:
         calibration_seconds: Time spent calibrating so far, by calibration family.
         unbounded: The tensors left out of calibration (:func:`unbounded_tensors`), known once
             MinMax ran (every calibration runs it first).
         kept_fp32: The nodes that read or write them, fp32 in every configuration.
+        transform_seconds: Time spent on each set of recovery transforms (applied, checked), by
+            their names joined with ``+``.
     """
 
     def __init__(
-        self, model: onnx.ModelProto | bytes, calibration_feeds: Sequence[Feed], *, shapes_inferred: bool = False
+        self,
+        model: onnx.ModelProto | bytes,
+        calibration_feeds: Sequence[Feed],
+        *,
+        shapes_inferred: bool = False,
+        expected_outputs: Sequence[Sequence[np.ndarray]] = (),
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="optuna-quant-")
         self._path = Path(self._tmp.name) / "model.onnx"
@@ -295,6 +311,11 @@ class Quantizer:
         self.calibration_seconds: dict[str, float] = {}
         self.unbounded: tuple[str, ...] = ()
         self.kept_fp32: tuple[str, ...] = ()
+        self._expected = list(expected_outputs)
+        # Each set of recovery transforms is a model of its own, with calibrations of its own.
+        self._transformed: dict[frozenset[str], Quantizer] = {}
+        self._refused: dict[str, str] = {}  # checked once: a transform that failed fails again at once
+        self.transform_seconds: dict[str, float] = {}
 
     @property
     def model_path(self) -> Path:
@@ -357,10 +378,45 @@ class Quantizer:
         """A fresh onnxruntime reader over the calibration feeds (one pass each)."""
         return _FeedReader(self._feeds)
 
+    def transformed(self, recovery: frozenset[str]) -> Quantizer:
+        """The quantizer of the model with the recovery transforms ``recovery`` applied, built
+        and checked once (a failed check is not run again).
+
+        Raises:
+            ValueError: If a transform is unknown or changes the fp32 outputs beyond
+                :data:`optuna_quant.quantization.prepare.RTOL` of the expected ones.
+        """
+        names = "+".join(sorted(recovery))
+        if names in self._refused:
+            raise ValueError(self._refused[names])
+        if recovery not in self._transformed:
+            start = time.perf_counter()
+            transformed = apply_transforms(self._model, recovery)
+            checks = self._feeds[:CHECK_FEEDS]
+            if not self._expected:
+                self._expected = run_feeds(check_session(self._model), checks)
+            mismatch = output_mismatch(transformed, checks[: len(self._expected)], self._expected)
+            if mismatch:
+                self._refused[names] = f"The recovery transform {names} changes what the fp32 model computes: {mismatch}."
+                raise ValueError(self._refused[names])
+            quantizer = Quantizer(transformed, self._feeds, shapes_inferred=True, expected_outputs=self._expected)
+            seconds = time.perf_counter() - start
+            self.transform_seconds[names] = seconds
+            _logger.info("Applied %s to the fp32 model in %.2f s, its outputs checked on %d feeds", names, seconds, len(checks))
+            self._transformed[recovery] = quantizer
+        return self._transformed[recovery]
+
     def quantize(self, config: QuantConfig) -> onnx.ModelProto:
         """The int8 model of ``config``: static Q/DQ, where the nodes around :attr:`unbounded`
         tensors stay fp32, or dynamic (:func:`~optuna_quant.quantization.dynamic.dynamic_model`,
-        no calibration)."""
+        no calibration); of the model with ``config.recovery``'s transforms applied
+        (:meth:`transformed`).
+
+        Raises:
+            ValueError: If a recovery transform changes the fp32 outputs (:meth:`transformed`).
+        """
+        if config.recovery:
+            return self.transformed(config.recovery).quantize(replace(config, recovery=frozenset()))
         if config.approach == "dynamic":
             return dynamic_model(self._model, config)
         ranges = self.ranges(config.range_estimator)

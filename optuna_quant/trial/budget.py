@@ -49,6 +49,7 @@ from optuna_quant.measure.sensitivity import REVERT_TIMING
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.quantize import calibration_family
+from optuna_quant.quantization.recovery import TRANSFORMS
 from optuna_quant.trial.space import LAYER_PREFIX
 from optuna_quant.trial.space import SearchSpace
 
@@ -63,10 +64,11 @@ ENTROPY_SECONDS_PER_TENSOR = 0.07
 MEASURED_SAMPLES = 32
 """Calibration samples on which the sensitivity measures each model's output error."""
 
-ONE_AT_A_TIME = ("weight_type",)
+ONE_AT_A_TIME = ("weight_type", *TRANSFORMS)
 """Parameters whose choices every plan measures one at a time, at the lowest-error combination of
 the others: ``weight_type``'s three choices would triple the models measured, for a choice that
-depends on the CPU's kernels more than on the other scopes."""
+depends on the CPU's kernels more than on the other scopes; a recovery transform's ``on`` would
+double them and calibrate every range estimator again on the transformed model."""
 
 
 def scope_combinations(

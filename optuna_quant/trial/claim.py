@@ -48,7 +48,7 @@ def config_key(config: QuantConfig) -> str:
         >>> config_key(QuantConfig(fallback=frozenset({"a", "b"}))) == config_key(QuantConfig(fallback=frozenset({"b", "a"})))
         True
     """
-    fields = {**dataclasses.asdict(config), "fallback": sorted(config.fallback)}
+    fields = {**dataclasses.asdict(config), "fallback": sorted(config.fallback), "recovery": sorted(config.recovery)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -1,6 +1,6 @@
 """The Optuna search space of a model: which nodes fall back to fp32, and how to quantize.
 
-Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
+The tuning scopes, named as in OpenVINO POT where POT has the scope, each one switchable:
 
 - ``layer``: one categorical per quantizable node, ``"int8"`` or ``"fp32"`` (fallback); or, on a
   transformer, one per group of layers (``layer_groups="block"`` or ``"role"``,
@@ -17,7 +17,11 @@ Six tuning scopes, named as in OpenVINO POT where POT has the scope, each one sw
   dynamic quantizes something (:func:`optuna_quant.quantization.config.approach_choices`);
 - ``weight_type``: int8, 7-bit (onnxruntime's ``reduce_range``) or uint8 weights, on a CPU whose
   int8 kernels can saturate (x86 without VNNI,
-  :func:`optuna_quant.quantization.config.weight_type_choices`).
+  :func:`optuna_quant.quantization.config.weight_type_choices`);
+- ``equalization``: cross-layer equalization of the fp32 weights before quantization, ``"off"``
+  or ``"on"``, on a model where it applies; one scope and parameter per recovery transform of
+  :data:`optuna_quant.quantization.recovery.TRANSFORMS`
+  (:func:`optuna_quant.quantization.recovery.applicable_transforms`).
 
 Parameters are flat categoricals whose first choice is the reference, onnxruntime's recommended
 recipe (asymmetric uint8 activations, symmetric int8 weights, per channel, Q/DQ around the
@@ -47,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
+import logging
 from typing import Any
 
 import onnx
@@ -70,11 +75,18 @@ from optuna_quant.quantization.config import WEIGHT_MODES
 from optuna_quant.quantization.config import weight_type_choices
 from optuna_quant.quantization.config import WEIGHT_TYPES
 from optuna_quant.quantization.groups import layer_groups as read_layer_groups
+from optuna_quant.quantization.recovery import applicable_transforms
+from optuna_quant.quantization.recovery import RECOVERY_CHOICES
+from optuna_quant.quantization.recovery import TRANSFORMS
 
 
-SCOPES: tuple[str, ...] = ("layer", "range_estimator", "granularity", "mode", "op_types", "approach", "weight_type")
+SCOPES: tuple[str, ...] = (
+    "layer", "range_estimator", "granularity", "mode", "op_types", "approach", "weight_type", *TRANSFORMS
+)
 LAYER_CHOICES: tuple[str, ...] = ("int8", "fp32")
 LAYER_PREFIX = "layer:"
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,8 @@ class SearchSpace:
             :data:`~optuna_quant.quantization.config.GRANULARITIES`).
         groups: The ``layer`` scope's groups, ``(name, nodes)`` each, which split ``nodes``
             between them; none: one parameter per node.
+        transforms: The recovery transforms that apply to the model, each a scope (among
+            :data:`~optuna_quant.quantization.recovery.TRANSFORMS`).
     """
 
     nodes: tuple[str, ...]
@@ -106,6 +120,7 @@ class SearchSpace:
     weight_types: tuple[str, ...] = WEIGHT_TYPES[:1]
     granularities: tuple[str, ...] = GRANULARITIES
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    transforms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.scopes) - set(SCOPES)
@@ -124,6 +139,8 @@ class SearchSpace:
             raise ValueError(f"weight_type choices {list(self.weight_types)} must be among {WEIGHT_TYPES}.")
         if sorted(self.granularities) != sorted(GRANULARITIES):
             raise ValueError(f"granularity choices {list(self.granularities)} must be {list(GRANULARITIES)} in some order.")
+        if not set(self.transforms) <= set(TRANSFORMS):
+            raise ValueError(f"transforms {list(self.transforms)} must be among {list(TRANSFORMS)}.")
         grouped = [node for _, nodes in self.groups for node in nodes]
         if self.groups and (sorted(grouped) != sorted(self.nodes) or len(dict(self.groups)) != len(self.groups)):
             raise ValueError("The layer groups must have distinct names and hold every node of the space once.")
@@ -169,6 +186,7 @@ class SearchSpace:
                 names those inside ``If``/``Loop``/``Scan`` bodies), ``nodes`` names a node that
                 is not a quantizable node of the model, or ``layer_groups`` is unknown.
         """
+        scopes = frozenset(scopes)  # read twice below: an iterator would be spent
         available = quantizable_nodes(model)
         if not available:
             inside = subgraph_quantizable_nodes(model)
@@ -200,9 +218,12 @@ class SearchSpace:
             kept = set(chosen)
             every = read_layer_groups(model, layer_groups, module_of_node)
             groups = tuple((name, tuple(n for n in group if n in kept)) for name, group in every.items() if kept & set(group))
+        transforms = applicable_transforms(model) if scopes & set(TRANSFORMS) else ()
+        for name in sorted(scopes & set(TRANSFORMS) - set(transforms)):
+            _logger.info("The %s scope is left out of the search: it changes nothing in this model.", name)
         return cls(
             nodes=chosen,
-            scopes=frozenset(scopes),
+            scopes=scopes,
             # The model's reference also with the scopes off.
             base=QuantConfig(approach=approaches[0], per_channel=granularities[0] == "per_channel"),
             op_types=op_type_choices(model),
@@ -211,6 +232,7 @@ class SearchSpace:
             weight_types=weight_type_choices(int8_class),
             granularities=granularities,
             groups=groups,
+            transforms=transforms,
         )
 
     def distributions(self) -> dict[str, CategoricalDistribution]:
@@ -232,6 +254,9 @@ class SearchSpace:
             dists["approach"] = CategoricalDistribution(self.approaches)
         if "weight_type" in self.scopes and len(self.weight_types) > 1:
             dists["weight_type"] = CategoricalDistribution(self.weight_types)
+        for name in self.transforms:
+            if name in self.scopes:
+                dists[name] = CategoricalDistribution(RECOVERY_CHOICES)
         return dists
 
     def suggest(self, trial: BaseTrial) -> dict[str, Any]:
@@ -279,6 +304,10 @@ class SearchSpace:
             config = replace(config, approach=params["approach"])
         if "weight_type" in distributions:
             config = replace(config, weight_type=params["weight_type"])
+        for name in self.transforms:
+            if name in distributions:
+                chosen = {name} if params[name] == RECOVERY_CHOICES[1] else set()
+                config = replace(config, recovery=frozenset(config.recovery - {name} | chosen))
         return effective_config(config, self.dynamic_nodes)
 
     def inactive(self) -> dict[str, dict[str, list[str]]]:
@@ -296,7 +325,9 @@ class SearchSpace:
             return {}
         dynamic = set(self.dynamic_nodes)
         units = [LAYER_PREFIX + unit for unit, nodes in self.units().items() if not dynamic & set(nodes)]
-        ignored = [name for name in ("range_estimator", "activation_mode", "op_types", *units) if name in distributions]
+        ignored = [
+            name for name in ("range_estimator", "activation_mode", "op_types", *self.transforms, *units) if name in distributions
+        ]
         return {"approach": {"dynamic": ignored}} if ignored else {}
 
     def narrow(self, best: QuantConfig, scopes: Iterable[str]) -> SearchSpace:
@@ -314,6 +345,7 @@ class SearchSpace:
             "weight_types": list(self.weight_types),
             "granularities": list(self.granularities),
             "groups": {name: list(nodes) for name, nodes in self.groups},
+            "transforms": list(self.transforms),
             "base": {
                 "fallback": sorted(self.base.fallback),
                 "approach": self.base.approach,
@@ -323,6 +355,7 @@ class SearchSpace:
                 "weight_symmetric": self.base.weight_symmetric,
                 "op_types": self.base.op_types,
                 "weight_type": self.base.weight_type,
+                "recovery": sorted(self.base.recovery),
             },
         }
 
@@ -331,6 +364,7 @@ class SearchSpace:
         """The space stored by :meth:`to_dict`."""
         base = dict(data["base"])
         base["fallback"] = frozenset(base["fallback"])
+        base["recovery"] = frozenset(base.get("recovery", ()))
         return cls(
             nodes=tuple(data["nodes"]),
             scopes=frozenset(data["scopes"]),
@@ -342,4 +376,6 @@ class SearchSpace:
             weight_types=tuple(data.get("weight_types", WEIGHT_TYPES[:1])),
             granularities=tuple(data.get("granularities", GRANULARITIES)),
             groups=tuple((name, tuple(nodes)) for name, nodes in data.get("groups", {}).items()),
+            # Spaces stored before the recovery transforms: none.
+            transforms=tuple(data.get("transforms", ())),
         )

@@ -139,14 +139,18 @@ def rescaled_scope_errors(cnn: onnx.ModelProto) -> list[dict]:
 def test_scope_errors_point_away_from_what_the_rescaling_breaks(cnn, rescaled_scope_errors) -> None:
     errors = rescaled_scope_errors
     space = SearchSpace.from_model(cnn)
-    assert len(errors) == 5 * 2 * 2 * 2 * len(space.op_types)
+    assert len(errors) == 5 * 2 * 2 * 2 * len(space.op_types) * 2
     assert errors[0]["params"] == {k: v for k, v in space.default_params().items() if not k.startswith("layer:")}
     assert lowest_error(errors)["params"]["granularity"] == "per_channel"
     scores = scope_scores(errors)
-    assert set(scores) == {"range_estimator", "granularity", "activation_mode", "weight_mode", "op_types"}
-    # One scale for conv1's weights, whose channels span 1000x, loses the small ones.
-    assert scores["granularity"]["per_channel"] == 0.9 and scores["granularity"]["per_tensor"] < 0.5
+    assert set(scores) == {"range_estimator", "granularity", "activation_mode", "weight_mode", "op_types", "equalization"}
     assert all(0.1 <= p <= 0.9 for by_choice in scores.values() for p in by_choice.values())
+    # One scale for conv1's weights, whose channels span 1000x, loses the small ones ...
+    unequalized = scope_scores([e for e in errors if e["params"]["equalization"] == "off"])
+    assert unequalized["granularity"]["per_channel"] == 0.9 and unequalized["granularity"]["per_tensor"] < 0.5
+    # ... which equalizing conv1 with conv2 gives back.
+    assert scores["equalization"]["on"] == 0.9 and scores["equalization"]["off"] < 0.5
+    assert scores["granularity"]["per_tensor"] > unequalized["granularity"]["per_tensor"]
 
 
 def test_choice_scores_are_a_prior_over_every_parameter(rescaled, rescaled_scope_errors) -> None:

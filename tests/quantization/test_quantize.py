@@ -41,13 +41,13 @@ def test_space_from_graph(cnn) -> None:
     assert space.op_types == ("compute", "qdq", "all")
     assert set(space.distributions()) == {
         "layer:conv1", "layer:conv2", "layer:fc", "range_estimator", "granularity",
-        "activation_mode", "weight_mode", "op_types",
+        "activation_mode", "weight_mode", "op_types", "equalization",
     }
     # The reference is onnxruntime's recommended recipe, Q/DQ around the compute-heavy nodes only.
     assert space.default_params() == {
         "layer:conv1": "int8", "layer:conv2": "int8", "layer:fc": "int8",
         "range_estimator": "minmax", "granularity": "per_channel",
-        "activation_mode": "asymmetric", "weight_mode": "symmetric", "op_types": "compute",
+        "activation_mode": "asymmetric", "weight_mode": "symmetric", "op_types": "compute", "equalization": "off",
     }
     reference = space.to_config(space.default_params())
     assert reference == QuantConfig()

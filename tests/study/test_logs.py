@@ -72,7 +72,8 @@ def test_quantizer_warnings_become_one_line_and_each_line_prints_once(warning_mo
         model = onnx.load({str(warning_model)!r})
         logs.configure()
         quantizer = Quantizer(model.SerializeToString(), to_feeds(calibration_data(model, n=4), model))
-        config = SearchSpace.from_model(model).to_config(SearchSpace.from_model(model).default_params())
+        space = SearchSpace.from_model(model)
+        config = space.to_config(space.default_params())
         with logs.quiet_onnxruntime() as held:
             for i in range(3):
                 quantizer.quantize(config)
