@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -56,15 +57,15 @@ def compare(name: str, rounds: int) -> dict[str, Any]:
         space = study.objective.space
         distributions = space.distributions()
         transforms = [t for t in TRANSFORMS if t in distributions]
-        variants = {}
-        for granularity in distributions["granularity"].choices:
-            for mode in distributions["activation_mode"].choices:
-                for transform in transforms:
-                    for choice in RECOVERY_CHOICES:
-                        key = f"{granularity}/{mode}/{transform}={choice}"
-                        params = {"granularity": granularity, "activation_mode": mode, transform: choice}
-                        variants[key] = full_params(study, params)
-        models = {key: study.objective.build(params) for key, params in variants.items()}
+        combinations = itertools.product(
+            distributions["granularity"].choices, distributions["activation_mode"].choices, transforms, RECOVERY_CHOICES
+        )
+        models = {
+            f"{granularity}/{mode}/{transform}={choice}": study.objective.build(
+                full_params(study, {"granularity": granularity, "activation_mode": mode, transform: choice})
+            )
+            for granularity, mode, transform, choice in combinations
+        }
         quantizer = study.objective.measurer.quantizer
         sites = {t: len(TRANSFORMS[t].sites(study.objective.measurer.prepared.prepared)) for t in transforms}
         return {

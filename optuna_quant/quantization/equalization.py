@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +115,8 @@ def equalizable_pairs(model: onnx.ModelProto) -> tuple[Pair, ...]:
         # Follow the one reader through channel-wise operators; the first other one may be the second layer.
         while tensor not in outputs and len(readers.get(tensor, [])) == 1:
             reader = readers[tensor][0]
-            if reader.op_type not in CHANNELWISE_OPS or (reader.op_type == "Clip" and not _is_relu_clip(reader, constants)):
+            relu_clip = reader.op_type != "Clip" or _is_relu_clip(reader, constants)
+            if reader.op_type not in CHANNELWISE_OPS or not relu_clip:
                 break
             between.append(reader.name)
             tensor = reader.output[0]
@@ -129,7 +129,7 @@ def equalizable_pairs(model: onnx.ModelProto) -> tuple[Pair, ...]:
 
 
 class _Weights:
-    """The arrays of a pair's layers, read once and written back once."""
+    """The arrays of the pairs' layers, read once and written back once."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self._constants = {init.name: init for init in model.graph.initializer}
@@ -154,59 +154,57 @@ class _Weights:
             tensor.CopyFrom(numpy_helper.from_array(array.astype(dtype), name))
 
 
-def _output_view(weights: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
-    """``weights`` with the layer's output channels on axis 0."""
-    if node.op_type == "Gemm" and not _attribute(node, "transB", 0):
-        return weights.T
-    return weights
+def _output_axis(node: onnx.NodeProto) -> int:
+    """The axis of a layer's weights that runs over its output channels."""
+    return 1 if node.op_type == "Gemm" and not _attribute(node, "transB", 0) else 0
 
 
-def _input_view(weights: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
-    """``weights`` as ``(input channel, ...)``: a view for Gemm; a Conv's groups spread out."""
+def _output_channels(weights: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """The output channel that each of a layer's ``weights`` computes, shaped like them."""
+    axis = _output_axis(node)
+    others = [a for a in range(weights.ndim) if a != axis]
+    return np.broadcast_to(np.expand_dims(np.arange(weights.shape[axis]), others), weights.shape)
+
+
+def _input_channels(weights: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """The input channel that each of a layer's ``weights`` multiplies, shaped like them (a
+    grouped Conv's ``(out, in / groups, k...)`` weights read their group's channels)."""
     if node.op_type == "Gemm":
-        return weights if not _attribute(node, "transB", 0) else weights.T
-    groups = _attribute(node, "group", 1)
-    out_per_group, in_per_group = weights.shape[0] // groups, weights.shape[1]
-    # (groups * out_per_group, in_per_group, k...) -> (groups * in_per_group, out_per_group, k...)
-    split = weights.reshape(groups, out_per_group, in_per_group, *weights.shape[2:])
-    return np.moveaxis(split, 2, 1).reshape(groups * in_per_group, out_per_group, *weights.shape[2:])
+        axis = 1 if _attribute(node, "transB", 0) else 0
+        return np.broadcast_to(np.expand_dims(np.arange(weights.shape[axis]), 1 - axis), weights.shape)
+    out_per_group, in_per_group = weights.shape[0] // _attribute(node, "group", 1), weights.shape[1]
+    channel = (np.arange(weights.shape[0]) // out_per_group)[:, None] * in_per_group + np.arange(in_per_group)
+    return np.broadcast_to(channel.reshape(channel.shape + (1,) * (weights.ndim - 2)), weights.shape)
 
 
-def _scale_inputs(weights: np.ndarray, node: onnx.NodeProto, scale: np.ndarray) -> np.ndarray:
-    if node.op_type == "Gemm":
-        return weights * (scale[:, None] if not _attribute(node, "transB", 0) else scale[None, :])
-    groups = _attribute(node, "group", 1)
-    out_per_group, in_per_group = weights.shape[0] // groups, weights.shape[1]
-    factor = scale.reshape(groups, 1, in_per_group).repeat(out_per_group, axis=1).reshape(-1, in_per_group)
-    return weights * factor.reshape(factor.shape + (1,) * (weights.ndim - 2))
-
-
-def _ranges(view: np.ndarray) -> np.ndarray:
-    return np.max(np.abs(view.reshape(view.shape[0], -1)), axis=1)
+def _ranges(weights: np.ndarray, channels: np.ndarray) -> np.ndarray:
+    """The largest ``|w|`` of each channel of ``channels``."""
+    ranges = np.zeros(int(channels.max()) + 1)
+    np.maximum.at(ranges, channels.ravel(), np.abs(weights).ravel())
+    return ranges
 
 
 def _equalize_pair(weights: _Weights, pair: Pair) -> float:
     """Scale ``pair`` in place; the largest ``|log s|`` it applied."""
     first, second = weights.node(pair.first), weights.node(pair.second)
     w1, w2 = weights.array(first.input[1]), weights.array(second.input[1])
-    r1, r2 = _ranges(_output_view(w1, first)), _ranges(_input_view(w2, second))
+    outputs, inputs = _output_channels(w1, first), _input_channels(w2, second)
+    r1, r2 = _ranges(w1, outputs), _ranges(w2, inputs)
     if r1.shape != r2.shape:
         return 0.0
     usable = (r1 > 0) & (r2 > 0)
     scale = np.ones_like(r1)
     scale[usable] = np.sqrt(r1[usable] / r2[usable])
-    out = scale.reshape((-1,) + (1,) * (w1.ndim - 1))
-    weights.set(first.input[1], _output_view(_output_view(w1, first) / out, first))
+    weights.set(first.input[1], w1 / scale[outputs])
     if len(first.input) > 2 and first.input[2]:
-        bias = weights.array(first.input[2])
-        weights.set(first.input[2], bias / scale)
-    weights.set(second.input[1], _scale_inputs(w2, second, scale))
-    return float(np.max(np.abs(np.log(scale)))) if scale.size else 0.0
+        weights.set(first.input[2], weights.array(first.input[2]) / scale)
+    weights.set(second.input[1], w2 * scale[inputs])
+    return float(np.max(np.abs(np.log(scale))))
 
 
-def equalize(model: onnx.ModelProto, pairs: Iterable[Pair] | None = None) -> onnx.ModelProto:
-    """A copy of ``model`` with the weights of ``pairs`` (default :func:`equalizable_pairs`)
-    equalized; ``model`` is not changed.
+def equalize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with the weights of its :func:`equalizable_pairs` equalized; ``model``
+    is not changed.
 
     A first layer's bias that is not one value per output channel (a broadcast Gemm bias) would
     not scale with its channels: such a pair is left as it is.
@@ -216,11 +214,10 @@ def equalize(model: onnx.ModelProto, pairs: Iterable[Pair] | None = None) -> onn
     """
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    chosen = tuple(equalizable_pairs(result) if pairs is None else pairs)
     weights = _Weights(result)
-    chosen = tuple(pair for pair in chosen if _per_channel_bias(weights, pair))
+    pairs = [pair for pair in equalizable_pairs(result) if _per_channel_bias(weights, pair)]
     for _ in range(ITERATIONS):
-        if max((_equalize_pair(weights, pair) for pair in chosen), default=0.0) < SETTLED:
+        if max((_equalize_pair(weights, pair) for pair in pairs), default=0.0) < SETTLED:
             break
     weights.write_back()
     return result
@@ -230,5 +227,5 @@ def _per_channel_bias(weights: _Weights, pair: Pair) -> bool:
     first = weights.node(pair.first)
     if len(first.input) < 3 or not first.input[2]:
         return True
-    channels = _output_view(weights.array(first.input[1]), first).shape[0]
+    channels = weights.array(first.input[1]).shape[_output_axis(first)]
     return weights.array(first.input[2]).shape == (channels,)

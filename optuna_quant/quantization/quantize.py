@@ -314,7 +314,7 @@ class Quantizer:
         self._expected = list(expected_outputs)
         # Each set of recovery transforms is a model of its own, with calibrations of its own.
         self._transformed: dict[frozenset[str], Quantizer] = {}
-        self._refused: dict[str, str] = {}  # checked once: a transform that failed fails again at once
+        self._refused: dict[frozenset[str], str] = {}  # checked once: a transform that failed fails again at once
         self.transform_seconds: dict[str, float] = {}
 
     @property
@@ -386,10 +386,10 @@ class Quantizer:
             ValueError: If a transform is unknown or changes the fp32 outputs beyond
                 :data:`optuna_quant.quantization.prepare.RTOL` of the expected ones.
         """
-        names = "+".join(sorted(recovery))
-        if names in self._refused:
-            raise ValueError(self._refused[names])
+        if recovery in self._refused:
+            raise ValueError(self._refused[recovery])
         if recovery not in self._transformed:
+            names = "+".join(sorted(recovery))
             start = time.perf_counter()
             transformed = apply_transforms(self._model, recovery)
             checks = self._feeds[:CHECK_FEEDS]
@@ -397,8 +397,8 @@ class Quantizer:
                 self._expected = run_feeds(check_session(self._model), checks)
             mismatch = output_mismatch(transformed, checks[: len(self._expected)], self._expected)
             if mismatch:
-                self._refused[names] = f"The recovery transform {names} changes what the fp32 model computes: {mismatch}."
-                raise ValueError(self._refused[names])
+                self._refused[recovery] = f"The recovery transform {names} changes what the fp32 model computes: {mismatch}."
+                raise ValueError(self._refused[recovery])
             quantizer = Quantizer(transformed, self._feeds, shapes_inferred=True, expected_outputs=self._expected)
             seconds = time.perf_counter() - start
             self.transform_seconds[names] = seconds

@@ -25,6 +25,7 @@ from optuna_quant.quantization.config import RANGE_ESTIMATORS
 from optuna_quant.quantization.prepare import prepare_model
 from optuna_quant.quantization.prepare import SYMBOLIC_SHAPE_DUMP
 from optuna_quant.quantization.quantize import Quantizer
+from optuna_quant.quantization.recovery import applicable_transforms
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,7 @@ def test_minilm_calibrates_and_quantizes_with_every_range_estimator() -> None:
     agreement = EmbeddingAgreement(path, sentence_feeds(SENTENCES[16:]))
     prepared = prepare_model(path, feeds).prepared
     assert sum(n.op_type == "MatMul" for n in prepared.graph.node) == 48
+    assert applicable_transforms(prepared) == ()  # GELU, softmax and layer norms: no equalizable pair
     quantizer = Quantizer(prepared, feeds)
     for range_estimator in RANGE_ESTIMATORS:
         int8 = quantizer.quantize(QuantConfig(range_estimator=range_estimator))
