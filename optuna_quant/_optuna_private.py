@@ -25,9 +25,8 @@
   to write a trial's system attribute; its own CMA-ES sampler writes its state this way
   (:func:`set_trial_system_attr`).
 - ``FrozenTrial._trial_id``: the storage id of a trial read from a storage, which the storage's
-  own methods take: the worker pops a queued trial through them, and a study lock kept in the
-  storage pops, renews and finishes its trials (:mod:`optuna_quant.storages.lease`), one storage
-  call each (:func:`trial_id`).
+  own methods take: the worker pops a queued trial through them, one storage call
+  (:func:`trial_id`).
 - The ``"fixed_params"`` system attribute: the parameters ``Study.enqueue_trial`` gives a trial
   that has not started, which no public accessor returns. The samplers exclude them from what
   other trials may choose (:func:`fixed_params`).

@@ -1,6 +1,6 @@
 """A worker of the study lock alone, run as its own OS process by ``tests/storages/test_lock.py``.
 
-It opens the storage as a worker does and takes the study's lock ``--times`` times; each time it
+It opens the storage as a worker does, creates the study if no other worker has, and takes the study's lock ``--times`` times; each time it
 adds one to a number kept in a file, reading and writing it in two steps with a pause between,
 so that two holders at once would lose an addition. With ``--die-holding`` it takes the lock,
 says so in the file ``--held``, and SIGKILLs itself while it holds it.
@@ -21,6 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import optuna  # noqa: E402
+
 from optuna_quant.storages.factory import open_storage  # noqa: E402
 from optuna_quant.storages.heartbeat import Heartbeat  # noqa: E402
 from optuna_quant.storages.lock import study_lock  # noqa: E402
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat", default="1,2", help="heartbeat interval and grace period, seconds")
     args = parser.parse_args(argv)
     interval, grace = (int(v) for v in args.heartbeat.split(","))
-    lock = study_lock(open_storage(args.storage, grace_period=grace), args.study, Heartbeat(interval, grace))
+    storage = open_storage(args.storage, grace_period=grace)
+    optuna.create_study(storage=storage, study_name=args.study, load_if_exists=True)  # a lease lives in its study
+    lock = study_lock(storage, args.study, Heartbeat(interval, grace))
     for _ in range(args.times):
         with lock():
             number = int(args.count.read_text())

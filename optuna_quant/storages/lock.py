@@ -8,7 +8,7 @@ storage                        lock
 PostgreSQL                     a transaction-level advisory lock, released with its transaction
 MySQL, MariaDB                 a named lock (``GET_LOCK``), released with its connection
 SQLite file                    a file lock beside the database file, released with its process
-journal file, gRPC proxy       a lease in the storage itself (:class:`~.lease.LeaseLock`),
+journal file, gRPC proxy       a lease in the study's own records (:class:`~.lease.LeaseLock`),
                                taken over once its holder stopped renewing it
 in memory                      a lock of this process: no other process can open the storage
 =============================  ==================================================================

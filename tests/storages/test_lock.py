@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from conftest import subprocess_env
 import optuna
@@ -17,6 +18,7 @@ import pytest
 import optuna_quant as oq
 from optuna_quant.storages.factory import open_storage
 from optuna_quant.storages.heartbeat import Heartbeat
+from optuna_quant.storages.lease import REGISTER_PREFIX
 from optuna_quant.storages.lock import claim_locks
 from optuna_quant.storages.lock import study_lock
 from optuna_quant.storages.lock import UnsupportedStorageError
@@ -93,6 +95,47 @@ def test_a_storage_no_lock_fits_is_refused_before_anything_is_stored(
     if isinstance(storage, optuna.storages.BaseStorage):
         assert isinstance(err.value, UnsupportedStorageError)
         assert storage.get_all_studies() == []
+
+
+@pytest.mark.parametrize("where", ["journal", "grpc_url"])
+def test_a_lease_lives_in_its_study_and_is_deleted_with_it(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = f"journal:{tmp_path}/study.log" if where == "journal" else request.getfixturevalue(where)
+    storage = open_storage(url)
+    optuna.create_study(storage=storage, study_name="leased")
+    first, second = (study_lock(storage, "leased", Heartbeat(interval=1, grace=30)) for _ in range(2))
+    taken = threading.Event()
+
+    def take_second() -> None:
+        with second():
+            taken.set()
+
+    with first():
+        thread = threading.Thread(target=take_second, daemon=True)
+        thread.start()
+        assert not taken.wait(timeout=1.0)  # one holder at a time
+    assert taken.wait(timeout=60.0)  # the waiter's turn once the holder released
+    thread.join()
+    attrs = storage.get_study_system_attrs(storage.get_study_id_from_name("leased"))
+    registers = [key for key in attrs if "lock" in key]
+    assert len(registers) == 2  # one register a lock, in the study's own records
+    assert [summary.study_name for summary in optuna.get_all_study_summaries(storage)] == ["leased"]
+    optuna.delete_study(study_name="leased", storage=storage)
+    assert optuna.get_all_study_summaries(storage) == []
+
+
+def test_a_dead_workers_ticket_holds_the_lease_for_the_grace_period_then_is_cleared(tmp_path: Path) -> None:
+    storage = open_storage(f"journal:{tmp_path}/study.log")
+    optuna.create_study(storage=storage, study_name="s")
+    study_id = storage.get_study_id_from_name("s")
+    dead = REGISTER_PREFIX + "dead"
+    storage.set_study_system_attr(study_id, dead, [False, 1, 0.0])  # a ticket ahead, never renewed
+    start = time.monotonic()
+    with study_lock(storage, "s", Heartbeat(interval=0.2, grace=1))():
+        waited = time.monotonic() - start
+    assert waited >= 1  # no sooner than the grace period
+    assert storage.get_study_system_attrs(study_id)[dead][:2] == [False, 0]
 
 
 def test_a_storage_in_memory_gets_a_lock_of_this_process(tmp_path: Path) -> None:
