@@ -57,6 +57,7 @@ import pstats
 import resource
 import statistics
 import tempfile
+import threading
 import time
 
 
@@ -65,6 +66,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import optuna  # noqa: E402
 from optuna.storages import GrpcStorageProxy  # noqa: E402
 import sqlalchemy  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
 
 from examples.tiny_cnn import build_cnn  # noqa: E402
 from examples.tiny_cnn import calibration_data  # noqa: E402
@@ -143,6 +145,9 @@ class Run:
     statements_per_trial: float | None
     """The server's count (PostgreSQL, behind the proxy too); ``None`` on SQLite, which has no server."""
     transactions_per_trial: float | None
+    peak_connections: int | None = None
+    """The most connections to the database at once during the run, the workers' (through the
+    proxy: the proxy's); ``None`` on SQLite."""
     cpu_by_role_per_trial: dict[str, float] | None = None
     """With ``--profile``: the workers' CPU seconds per trial in each of :data:`ROLES`."""
     efficiency: float = 0.0
@@ -306,10 +311,39 @@ class StatementCounter:
         self.engine = sqlalchemy.create_engine(database_url)
         with self.engine.begin() as connection:
             connection.execute(sqlalchemy.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+        # The server's own database watches the connections: its queries count in no study's.
+        self.database = make_url(database_url).database
+        self.watcher = sqlalchemy.create_engine(make_url(database_url).set(database="postgres"))
 
     def reset(self) -> None:
         with self.engine.begin() as connection:
             connection.execute(sqlalchemy.text("SELECT pg_stat_statements_reset()"))
+
+    def connections(self) -> int:
+        """The client connections to the database now."""
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = :name AND backend_type = 'client backend'"
+        with self.watcher.connect() as connection:
+            return int(connection.execute(sqlalchemy.text(query), {"name": self.database}).scalar())
+
+    @contextmanager
+    def peak_connections(self, interval: float = 0.2) -> Iterator[list[int]]:
+        """The most client connections the block added, in a list filled when the block ends;
+        sampled every ``interval`` seconds."""
+        baseline, peak, done = self.connections(), [0], threading.Event()
+
+        def sample() -> None:
+            while not done.wait(interval):
+                peak[0] = max(peak[0], self.connections() - baseline)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        added: list[int] = []
+        try:
+            yield added
+        finally:
+            done.set()
+            thread.join()
+            added.append(peak[0])
 
     def counts(self) -> tuple[int, int]:
         """Statements and transactions (``BEGIN``) since the last :meth:`reset`."""
@@ -347,7 +381,8 @@ def run(
     else:
         optuna.create_study(study_name=label, storage=open_storage(database))
         target, n_trials = plain_work, rounds
-    with tempfile.TemporaryDirectory() as artifacts:
+    with tempfile.TemporaryDirectory() as artifacts, ExitStack() as watching:
+        connections = None if counter is None else watching.enter_context(counter.peak_connections())
         processes = [
             context.Process(target=target, args=(url, label, n_trials, seed, seconds, artifacts, profile, ready, results))
             for seed in range(workers)
@@ -365,6 +400,7 @@ def run(
                 raise RuntimeError(f"a worker of {label} exited with {process.exitcode}")
         server_cpu = process_cpu(servers) - server_cpu
         statements, transactions = counter.counts() if counter is not None else (None, None)
+    peak_connections = connections[0] if connections else None
     trials = optuna.load_study(study_name=label, storage=open_storage(database)).get_trials()
     return Run(
         storage=storage,
@@ -382,6 +418,7 @@ def run(
         claim_hold_per_trial=sum(c.claim.lock_hold for c in costs if c.claim) / len(trials),
         statements_per_trial=None if statements is None else statements / len(trials),
         transactions_per_trial=None if transactions is None else transactions / len(trials),
+        peak_connections=peak_connections,
         cpu_by_role_per_trial=None
         if not any(c.roles for c in costs)
         else {role: sum(c.roles[role] for c in costs if c.roles) / len(trials) for role in ROLES},
@@ -432,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     + (
                         ""
                         if result.statements_per_trial is None
-                        else f"; {result.statements_per_trial:.0f} statements in {result.transactions_per_trial:.0f} transactions"
+                        else f"; {result.statements_per_trial:.0f} statements in {result.transactions_per_trial:.0f} "
+                        f"transactions; at most {result.peak_connections} connections"
                     ),
                     flush=True,
                 )

@@ -3,8 +3,8 @@
 :class:`DashboardFigures` is an ``optimize`` callback that stores the figures of
 :mod:`optuna_quant.visualization.figures` in the study after a trial, at most every 10 s, and once
 more when a run ends, where optuna-dashboard shows them on the study's page (optuna-dashboard keeps
-Plotly figures in study system attrs, ``optuna_dashboard.save_plotly_graph_object``): the answer is
-on the page while the study runs.
+Plotly figures in study system attrs, as ``optuna_dashboard.save_plotly_graph_object`` writes
+them): the answer is on the page while the study runs.
 
 Example:
     >>> study.optimize(n_trials=40, callbacks=[DashboardFigures()])             # doctest: +SKIP
@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 import time
@@ -43,6 +44,9 @@ FLUSH_KEY = "optuna_quant:figures_flush"
 """Study system attr: the last worker to end a run, which stores the figures."""
 COST_SHARE = 0.05
 """Beside other workers, the figures take at most this share of one worker's time."""
+PLOT_DATA_PREFIX = "dashboard:plot_data:"
+PLOT_DATA_CHUNK = 2045
+"""optuna-dashboard's keys of a stored figure, ``<prefix><id>:<i>``, and the most characters each holds."""
 
 
 def study_url(
@@ -87,17 +91,36 @@ def save_figures(study: optuna.Study, stored: dict[str, str] | None = None) -> l
         study: The study.
         stored: The figures' JSON as last stored, by id: an unchanged figure (the sensitivity,
             mostly) is not written again. Updated in place.
-    """
-    from optuna_dashboard import save_plotly_graph_object
 
+    Raises:
+        ValueError: If a figure holds a value JSON cannot write (NaN, infinity).
+    """
     stored = {} if stored is None else stored
+    storage, study_id = study_identity(study)
     figures = study_figures(study)
     for figure_id, figure in figures.items():
-        text = figure.to_json()
+        text = json.dumps(figure, separators=(",", ":"), allow_nan=False)
         if stored.get(figure_id) != text:
-            save_plotly_graph_object(study, figure, graph_object_id=figure_id)
+            _save_graph_object(storage, study_id, figure_id, text)
             stored[figure_id] = text
     return list(figures)
+
+
+def _save_graph_object(storage: BaseStorage, study_id: int, figure_id: str, text: str) -> None:
+    """Store a Plotly figure's JSON as ``optuna_dashboard.save_plotly_graph_object`` does: in
+    chunks of study system attrs, a shorter figure's leftover chunks emptied.
+
+    Written here because importing optuna-dashboard loads its web server (a second or so in every
+    worker); ``tests/visualization/test_dashboard.py`` reads the figures back through
+    optuna-dashboard's own reader and renders them in Chromium.
+    """
+    prefix = f"{PLOT_DATA_PREFIX}{figure_id}:"
+    chunks = [text[i : i + PLOT_DATA_CHUNK] for i in range(0, len(text), PLOT_DATA_CHUNK)]
+    for i, chunk in enumerate(chunks):
+        storage.set_study_system_attr(study_id, f"{prefix}{i}", chunk)
+    before = sum(key.startswith(prefix) for key in storage.get_study_system_attrs(study_id))
+    for i in range(len(chunks), before):
+        storage.set_study_system_attr(study_id, f"{prefix}{i}", "")
 
 
 class DashboardFigures:
@@ -106,10 +129,8 @@ class DashboardFigures:
     them when the study's last run ends.
 
     A worker stores them once ``every`` seconds passed since its first trial ended or it last
-    stored them or found it another worker's turn, and reads nothing of the study before: the
-    first store imports Plotly, which a study of short trials would otherwise pay before its
-    second trial. Beside other
-    running trials, it stores them only once ``every`` seconds passed since any worker of the
+    stored them or found it another worker's turn, and reads nothing of the study before. Beside
+    other running trials, it stores them only once ``every`` seconds passed since any worker of the
     study last did, too, and at least the last store's time over :data:`COST_SHARE` (both kept in
     the study, :data:`STORED_AT_KEY`): with tens of workers, rebuilding the figures of a long study
     after every trial of each would cost more than the trials' own coordination.

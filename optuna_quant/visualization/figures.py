@@ -2,33 +2,36 @@
 
 - :func:`tradeoff_figure`: ``acc_loss`` against ``lat_diff`` for every measured trial, the region
   where both targets are met shaded, the Pareto front and the best trial (POT's rule) marked;
-- :func:`pareto_front_figure`: Optuna's own :func:`optuna.visualization.plot_pareto_front` on
-  (``acc_loss``, ``lat_diff``), trials that miss a target marked infeasible, for either objective
+- :func:`pareto_front_figure`: the Pareto front of (``acc_loss``, ``lat_diff``), trials that miss
+  a target drawn as infeasible, as Optuna's ``plot_pareto_front`` draws it, for either objective
   mode;
 - :func:`history_figure`: each trial's speed-up and the best so far, which POT's loss (with its
   +40 and +80 penalties) hides in optuna-dashboard's own history plot;
 - :func:`sensitivity_figure`: per-layer sensitivity, the accuracy each layer costs in int8 against
   the time it saves.
 
-Each is a pure function of the measured trials and the targets (or of the sensitivity mapping);
-:func:`figures_of` makes every figure of them, :func:`study_figures` of what a study stores (read
-through :mod:`optuna_quant.trial.records`).
+Each is a pure function of the measured trials and the targets (or of the sensitivity mapping),
+and returns the figure as Plotly's JSON schema (a :data:`Figure`, ``{"data": [...], "layout":
+{...}}``), which optuna-dashboard stores and draws as it is: a worker that refreshes the
+dashboard's figures imports neither Plotly nor optuna-dashboard. :func:`figures_of` makes every
+figure of them, :func:`study_figures` of what a study stores (read through
+:mod:`optuna_quant.trial.records`).
 
 Example:
     >>> study = optuna.load_study(study_name="mnist-cnn-int8", storage="sqlite:///demo.db")  # doctest: +SKIP
-    >>> study_figures(study)["acc_loss-lat_diff"].write_html("tradeoff.html")               # doctest: +SKIP
+    >>> import plotly.io                                                                      # doctest: +SKIP
+    >>> plotly.io.write_html(study_figures(study)["acc_loss-lat_diff"], "tradeoff.html")      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
-from contextlib import contextmanager
+import math
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
-import plotly.graph_objects as go
 
 from optuna_quant.measure.loss import Targets
 from optuna_quant.trial import records
@@ -37,15 +40,33 @@ from optuna_quant.trial.results import recorded
 from optuna_quant.trial.stopping import meets_targets
 
 
+Figure = dict[str, Any]
+"""A figure in Plotly's JSON schema: ``{"data": [trace, ...], "layout": {...}}``."""
+
 ACC_LOSS_LABEL = "acc_loss (relative accuracy loss against fp32)"
 LAT_DIFF_LABEL = "lat_diff (fp32 latency / int8 latency, x)"
 _MET, _MISSED, _BEST, _TARGET = "#2ca02c", "#9a9a9a", "#d62728", "rgba(44, 160, 44, 0.12)"
 _FP32 = "#1f3b73"
-# No template: Plotly's default one adds about 8 kB to every stored figure, and optuna-dashboard
+# Plotly's "none" template, as Plotly writes it: its default one adds about 8 kB to every stored figure, and optuna-dashboard
 # stores figures in 2 kB study attrs, written after every trial.
 # The top margin keeps titles clear of the dashboard's tool bar.
-_LAYOUT = dict(template="none", margin=dict(l=70, r=20, t=90, b=60), legend=dict(orientation="h", y=-0.25),
+_LAYOUT = dict(template={"data": {"scatter": [{"type": "scatter"}]}}, margin=dict(l=70, r=20, t=90, b=60), legend=dict(orientation="h", y=-0.25),
                hovermode="closest")
+
+
+def _figure(title: str, x_title: str, y_title: str, **layout: Any) -> Figure:
+    return {
+        "data": [],
+        "layout": {
+            "title": {"text": title},
+            "xaxis": {"title": {"text": x_title}},
+            "yaxis": {"title": {"text": y_title}},
+            "shapes": [],
+            "annotations": [],
+            **_LAYOUT,
+            **layout,
+        },
+    }
 
 
 def study_targets(study: optuna.Study) -> Targets:
@@ -79,39 +100,41 @@ def pareto_front(points: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     return front[::-1]
 
 
-def _round(values: Sequence[float]) -> list[float]:
-    # Five significant digits draw the same chart as seventeen, in a third of the stored bytes.
-    return [float(f"{v:.5g}") for v in values]
+def _round(values: Sequence[float]) -> list[float | None]:
+    # Five significant digits draw the same chart as seventeen, in a third of the stored bytes; a
+    # value that is no number is a gap, as Plotly writes NaN.
+    return [float(f"{v:.5g}") if math.isfinite(v) else None for v in values]
 
 
 _HOVER = "trial %{customdata}<br>acc_loss %{y:.4f}<br>lat_diff %{x:.3f}x<extra></extra>"
 
 
-def _scatter(trials: Sequence[FrozenTrial], name: str, **marker: object) -> go.Scatter:
-    return go.Scatter(
-        x=_round([records.lat_diff(t) for t in trials]),
-        y=_round([records.acc_loss(t) for t in trials]),
-        customdata=[t.number for t in trials],
-        hovertemplate=_HOVER,
-        mode="markers",
-        name=name,
-        marker=marker,
-    )
+def _scatter(trials: Sequence[FrozenTrial], name: str, **marker: object) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "x": _round([records.lat_diff(t) for t in trials]),
+        "y": _round([records.acc_loss(t) for t in trials]),
+        "customdata": [t.number for t in trials],
+        "hovertemplate": _HOVER,
+        "mode": "markers",
+        "name": name,
+        "marker": marker,
+    }
 
 
-def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure:
+def _annotation(text: str, x: float, y: float, **where: object) -> dict[str, Any]:
+    return {"text": text, "x": x, "y": y, "showarrow": False, **where}
+
+
+def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> Figure:
     """``acc_loss`` against ``lat_diff``: targets shaded, Pareto front and best trial marked.
 
     Args:
         points: The measured trials (:func:`optuna_quant.trial.results.recorded`).
         targets: The study's targets (:func:`study_targets`).
     """
-    figure = go.Figure(layout=go.Layout(
-        title=dict(text="Accuracy loss against speed-up (green area: both targets met)"),
-        xaxis=dict(title=dict(text=LAT_DIFF_LABEL)),
-        yaxis=dict(title=dict(text=ACC_LOSS_LABEL)),
-        **_LAYOUT,
-    ))
+    figure = _figure("Accuracy loss against speed-up (green area: both targets met)", LAT_DIFF_LABEL, ACC_LOSS_LABEL)
+    layout = figure["layout"]
     lat = [records.lat_diff(t) for t in points] + [targets.lat_th]
     acc = [records.acc_loss(t) for t in points] + [targets.acc_th]
     # A few ruined configurations would squeeze the target region into a line: the chart stops at
@@ -123,82 +146,77 @@ def tradeoff_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figur
     x_pad, y_pad = 0.05 * (max(lat) - min(lat) or 1.0), 0.05 * (max(acc) - min(acc) or targets.acc_th or 0.01)
     x_range, y_range = [min(lat) - x_pad, max(lat) + x_pad], [min(acc) - y_pad, max(acc) + y_pad]
     if hidden:
-        figure.add_annotation(x=1, y=1, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
-                              showarrow=False, text=f"{hidden} trial(s) above acc_loss {top:.3g}: zoom out to see")
-    figure.add_shape(
-        type="rect", x0=targets.lat_th, x1=x_range[1], y0=y_range[0], y1=targets.acc_th,
-        fillcolor=_TARGET, line=dict(color=_MET, dash="dash"), layer="below",
-    )
-    figure.update_xaxes(range=x_range)
-    figure.update_yaxes(range=y_range)
+        layout["annotations"].append(_annotation(
+            f"{hidden} trial(s) above acc_loss {top:.3g}: zoom out to see", 1, 1,
+            xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+        ))
+    layout["shapes"].append({
+        "type": "rect", "x0": targets.lat_th, "x1": x_range[1], "y0": y_range[0], "y1": targets.acc_th,
+        "fillcolor": _TARGET, "line": {"color": _MET, "dash": "dash"}, "layer": "below",
+    })
+    layout["xaxis"]["range"] = x_range
+    layout["yaxis"]["range"] = y_range
     met: list[FrozenTrial] = []
     missed: list[FrozenTrial] = []
     for t in points:
         (met if meets_targets(t, targets) else missed).append(t)
-    figure.add_trace(_scatter(met, "both targets met", color=_MET, size=8))
-    figure.add_trace(_scatter(missed, "a target missed", color=_MISSED, size=8))
+    figure["data"].append(_scatter(met, "both targets met", color=_MET, size=8))
+    figure["data"].append(_scatter(missed, "a target missed", color=_MISSED, size=8))
     front = pareto_front(points)
-    figure.add_trace(go.Scatter(
-        x=_round([records.lat_diff(t) for t in front]), y=_round([records.acc_loss(t) for t in front]),
-        mode="lines", line=dict(shape="vh", color="#1f77b4"), name="Pareto front", hoverinfo="skip",
-    ))
+    figure["data"].append({
+        "type": "scatter", "x": _round([records.lat_diff(t) for t in front]),
+        "y": _round([records.acc_loss(t) for t in front]), "mode": "lines",
+        "line": {"shape": "vh", "color": "#1f77b4"}, "name": "Pareto front", "hoverinfo": "skip",
+    })
     if reference:
-        figure.add_trace(_scatter(reference, "reference (every layer int8)", symbol="diamond-open", size=14,
-                                  color="black"))
+        figure["data"].append(_scatter(reference, "reference (every layer int8)", symbol="diamond-open", size=14,
+                                       color="black"))
     best = best_trial(points, targets)
     if best is not None:
-        figure.add_trace(_scatter([best], f"best (trial {best.number})", symbol="star", size=18, color=_BEST,
-                                  line=dict(color="black", width=1)))
-    figure.add_annotation(x=targets.lat_th, y=targets.acc_th, xanchor="left", yanchor="bottom", showarrow=False,
-                          text=f"targets: lat_diff >= {targets.lat_th:g}, acc_loss <= {targets.acc_th:g}")
-    return figure
-
-
-def pareto_front_figure(points: Sequence[FrozenTrial]) -> go.Figure:
-    """Optuna's Pareto-front plot of (``acc_loss``, ``lat_diff``) of the measured trials ``points``.
-
-    The trials are copied into an in-memory two-objective study, as a study in ``loss`` mode has
-    one objective; trials that miss a target are drawn as infeasible, from the constraints every
-    trial records. The hover text says the trial and its two values, not Optuna's list of every
-    parameter, which would make the stored figure grow by kilobytes a trial on a large model.
-    """
-    with _optuna_logs_off():  # the copy's creation, and "no feasible trials" while none is
-        pairs = optuna.create_study(directions=["minimize", "maximize"])
-        pairs.add_trials(
-            optuna.trial.create_trial(
-                values=[records.acc_loss(t), records.lat_diff(t)],
-                params=t.params,
-                distributions=t.distributions,
-                user_attrs=t.user_attrs,
-                constraints=t.constraints,
-            )
-            for t in points
-        )
-        figure = optuna.visualization.plot_pareto_front(pairs, target_names=[ACC_LOSS_LABEL, LAT_DIFF_LABEL])
-    figure.update_layout(title=dict(text="Pareto front of acc_loss and lat_diff (Optuna)"), **_LAYOUT)
-    figure.update_traces(text=None, hovertemplate="trial %{marker.color}<br>acc_loss %{x:.4f}<br>lat_diff %{y:.3f}x"
-                         "<extra></extra>")
-    return figure
-
-
-@contextmanager
-def _optuna_logs_off() -> Iterator[None]:
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-
-
-def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure:
-    """Each measured trial's ``lat_diff`` by trial number, and the best so far by POT's rule."""
-    figure = go.Figure(layout=go.Layout(
-        title=dict(text="Speed-up per trial and the best so far"),
-        xaxis=dict(title=dict(text="trial number (Optuna's, from 0)")),
-        yaxis=dict(title=dict(text=LAT_DIFF_LABEL)),
-        **_LAYOUT,
+        figure["data"].append(_scatter([best], f"best (trial {best.number})", symbol="star", size=18, color=_BEST,
+                                       line={"color": "black", "width": 1}))
+    layout["annotations"].append(_annotation(
+        f"targets: lat_diff >= {targets.lat_th:g}, acc_loss <= {targets.acc_th:g}", targets.lat_th, targets.acc_th,
+        xanchor="left", yanchor="bottom",
     ))
+    return figure
+
+
+def pareto_front_figure(points: Sequence[FrozenTrial]) -> Figure:
+    """The Pareto front of (``acc_loss``, ``lat_diff``) of the measured trials ``points``, drawn as
+    Optuna's ``plot_pareto_front`` draws it: the front among the feasible trials, the other
+    feasible trials, and the trials that miss a target (their recorded constraints) as infeasible.
+
+    The hover text says the trial and its two values, not every parameter, which would make the
+    stored figure grow by kilobytes a trial on a large model.
+
+    Example:
+        >>> trials = [optuna.trial.create_trial(value=0.0, user_attrs={"acc_loss": a, "lat_diff": l},
+        ...                                     constraints={"acc_loss": c}) for a, l, c in
+        ...           [(0.01, 1.2, 0.0), (0.02, 1.1, 0.0), (0.03, 2.0, 1.0)]]
+        >>> [(trace["name"], trace["x"]) for trace in pareto_front_figure(trials)["data"]]
+        [('Best Trial', [0.01]), ('Trial', [0.02]), ('Infeasible Trial', [0.03])]
+    """
+    figure = _figure("Pareto front of acc_loss and lat_diff", ACC_LOSS_LABEL, LAT_DIFF_LABEL)
+    feasible = [t for t in points if all(c <= 0 for c in t.constraints.values())]
+    front = pareto_front(feasible)
+    on_front, kept = {id(t) for t in front}, {id(t) for t in feasible}
+    others = [t for t in feasible if id(t) not in on_front]
+    infeasible = [t for t in points if id(t) not in kept]
+    hover = "trial %{customdata}<br>acc_loss %{x:.4f}<br>lat_diff %{y:.3f}x<extra></extra>"
+    for trials, name, color in ((front, "Best Trial", _BEST), (others, "Trial", "#1f77b4"),
+                                (infeasible, "Infeasible Trial", "#cccccc")):
+        figure["data"].append({
+            "type": "scatter", "x": _round([records.acc_loss(t) for t in trials]),
+            "y": _round([records.lat_diff(t) for t in trials]), "customdata": [t.number for t in trials],
+            "mode": "markers", "name": name, "marker": {"color": color, "size": 8}, "hovertemplate": hover,
+        })
+    return figure
+
+
+def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> Figure:
+    """Each measured trial's ``lat_diff`` by trial number, and the best so far by POT's rule."""
+    figure = _figure("Speed-up per trial and the best so far", "trial number (Optuna's, from 0)", LAT_DIFF_LABEL)
     within: list[FrozenTrial] = []
     outside: list[FrozenTrial] = []
     fp32: list[FrozenTrial] = []
@@ -210,18 +228,25 @@ def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> go.Figure
     for trials, name, color in ((within, "within the accuracy target", _MET),
                                 (outside, "accuracy target missed", _MISSED),
                                 (fp32, "the fp32 model (quantizes nothing)", _FP32)):
-        figure.add_trace(go.Scatter(
-            x=[t.number for t in trials], y=_round([records.lat_diff(t) for t in trials]), mode="markers",
-            name=name, marker=dict(color=color, size=8), customdata=[t.number for t in trials],
-            hovertemplate="trial %{x}<br>lat_diff %{y:.3f}x<extra></extra>",
-        ))
+        figure["data"].append({
+            "type": "scatter", "x": [t.number for t in trials], "y": _round([records.lat_diff(t) for t in trials]),
+            "mode": "markers", "name": name, "marker": {"color": color, "size": 8},
+            "customdata": [t.number for t in trials], "hovertemplate": "trial %{x}<br>lat_diff %{y:.3f}x<extra></extra>",
+        })
     best = running_best(points, targets)
-    figure.add_trace(go.Scatter(
-        x=[t.number for t in points], y=_round([records.lat_diff(b) for b in best]), mode="lines",
-        line=dict(shape="hv", color=_BEST), name="best so far (POT's rule)",
+    figure["data"].append({
+        "type": "scatter", "x": [t.number for t in points], "y": _round([records.lat_diff(b) for b in best]),
+        "mode": "lines", "line": {"shape": "hv", "color": _BEST}, "name": "best so far (POT's rule)",
+    })
+    # A line across the plot at the target, as Plotly's add_hline draws one.
+    figure["layout"]["shapes"].append({
+        "type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": targets.lat_th, "y1": targets.lat_th,
+        "line": {"color": _MET, "dash": "dash"},
+    })
+    figure["layout"]["annotations"].append(_annotation(
+        f"latency target {targets.lat_th:g}x", 1, targets.lat_th, xref="x domain", yref="y", xanchor="right",
+        yanchor="bottom",
     ))
-    figure.add_hline(y=targets.lat_th, line=dict(color=_MET, dash="dash"),
-                     annotation_text=f"latency target {targets.lat_th:g}x")
     return figure
 
 
@@ -239,7 +264,7 @@ def running_best(points: Sequence[FrozenTrial], targets: Targets) -> list[Frozen
     return best
 
 
-def sensitivity_figure(sensitivity: Mapping[str, Mapping[str, float]]) -> go.Figure:
+def sensitivity_figure(sensitivity: Mapping[str, Mapping[str, float]]) -> Figure:
     """Per layer: the accuracy its int8 version costs and the time it saves, most costly on top.
 
     Args:
@@ -249,34 +274,33 @@ def sensitivity_figure(sensitivity: Mapping[str, Mapping[str, float]]) -> go.Fig
     Example:
         >>> figure = sensitivity_figure({"conv1": {"acc_cost": 0.02, "time_saved_ms": 0.1},
         ...                              "fc": {"acc_cost": 0.001, "time_saved_ms": 0.01}})
-        >>> list(figure.data[0].y)
+        >>> figure["data"][0]["y"]
         ['fc', 'conv1']
     """
     nodes = sorted(sensitivity, key=lambda node: sensitivity[node]["acc_cost"])
-    figure = go.Figure(layout=go.Layout(
-        title=dict(text="Per-layer sensitivity: what int8 costs and saves, layer by layer"),
-        xaxis=dict(title=dict(text="acc_cost (acc_loss that the layer in int8 adds)"), domain=[0, 0.48]),
-        xaxis2=dict(title=dict(text="time saved in int8 (ms per run)"), domain=[0.52, 1]),
-        yaxis=dict(automargin=True),
-        yaxis2=dict(matches="y", showticklabels=False, anchor="x2"),
+    figure = _figure(
+        "Per-layer sensitivity: what int8 costs and saves, layer by layer",
+        "acc_cost (acc_loss that the layer in int8 adds)",
+        "",
+        xaxis2={"title": {"text": "time saved in int8 (ms per run)"}, "domain": [0.52, 1]},
+        yaxis2={"matches": "y", "showticklabels": False, "anchor": "x2"},
         height=max(360, 28 * len(nodes) + 200),
         showlegend=False,  # the axis titles say which bars are which
-        **_LAYOUT,
-    ))
-    figure.add_trace(go.Bar(
-        y=nodes, x=[sensitivity[n]["acc_cost"] for n in nodes], orientation="h", name="acc_cost",
-        marker=dict(color=_BEST),
-    ))
-    figure.add_trace(go.Bar(
-        y=nodes, x=[sensitivity[n]["time_saved_ms"] for n in nodes], orientation="h", name="time saved (ms)",
-        marker=dict(color=_MET), xaxis="x2", yaxis="y2",
-    ))
+    )
+    figure["layout"]["xaxis"]["domain"] = [0, 0.48]
+    figure["layout"]["yaxis"] = {"automargin": True}
+    figure["data"] += [
+        {"type": "bar", "y": nodes, "x": [sensitivity[n]["acc_cost"] for n in nodes], "orientation": "h",
+         "name": "acc_cost", "marker": {"color": _BEST}},
+        {"type": "bar", "y": nodes, "x": [sensitivity[n]["time_saved_ms"] for n in nodes], "orientation": "h",
+         "name": "time saved (ms)", "marker": {"color": _MET}, "xaxis": "x2", "yaxis": "y2"},
+    ]
     return figure
 
 
 def figures_of(
     points: Sequence[FrozenTrial], targets: Targets, sensitivity: Mapping[str, Mapping[str, float]] | None = None
-) -> dict[str, go.Figure]:
+) -> dict[str, Figure]:
     """Every figure of the measured trials ``points`` by a stable id (an HTML id): the tradeoff,
     the Pareto front, the history and, given a ``sensitivity``, the per-layer sensitivity."""
     figures = {
@@ -289,7 +313,7 @@ def figures_of(
     return figures
 
 
-def study_figures(study: optuna.Study) -> dict[str, go.Figure]:
+def study_figures(study: optuna.Study) -> dict[str, Figure]:
     """:func:`figures_of` the study's measured trials, targets and sensitivity, as it stores them.
 
     Empty before the first measured trial.

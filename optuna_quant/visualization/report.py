@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+import plotly.io
 
 from optuna_quant.trial import records
 from optuna_quant.trial.results import best_trial
@@ -67,7 +68,7 @@ def render_report(study: optuna.Study) -> str:
     figures = figures_of(recorded(trials), targets, records.stored_sensitivity(study))
     # plotly.js is inlined with the first figure only: one copy serves them all.
     html_figures = [
-        figure.to_html(full_html=False, include_plotlyjs=i == 0, div_id=figure_id)
+        plotly.io.to_html(figure, full_html=False, include_plotlyjs=i == 0, div_id=figure_id)
         for i, (figure_id, figure) in enumerate(figures.items())
     ]
     return "\n".join(

@@ -38,3 +38,5 @@ def test_one_worker_of_each_protocol_runs_and_its_statements_are_counted(tmp_pat
     parts = ours["cpu_by_role_per_trial"]
     assert set(parts) == set(bench_workers.ROLES) and all(cpu > 0 for cpu in parts.values()), parts
     assert plain["cpu_by_role_per_trial"] is None
+    # Each worker holds a connection of its own at least, counted by the server while it ran.
+    assert ours["peak_connections"] >= 1 and plain["peak_connections"] >= 1

@@ -819,6 +819,11 @@ def test_benchmark_commands_parse_and_their_inputs_exist(item, working_copy) -> 
                 assert path.exists() or path in _written_before(item), f"{value}: no such file"
 
 
+COST_AT_SCALE = (
+    ".venv/bin/python -m benchmarks.cost_at_scale benchmarks/results/workers_postgresql.json "
+    "benchmarks/results/workers_grpc.json"
+)
+
 # ---- docs/workers.md: workers on each storage (tests/docs/test_docs_workers.py runs them) --------
 
 WORKERS_MD = "docs/workers.md"
@@ -859,6 +864,7 @@ CLAIMS: dict[str, str] = {
     MAKE_PEERS: "test_make_peers_builds_the_environment_of_each_peer_the_benchmark_commands_run_with",
     SHIPPED_PINS: "test_shipped_model_pins_are_the_benchmark_requirements_and_the_installed_versions",
     QAT_RECIPE: "test_benchmark_commands_parse_and_their_inputs_exist",
+    COST_AT_SCALE: "tests/benchmarks/test_cost_at_scale.py::test_workers_md_shows_what_its_command_prints",
     **{
         command: "tests/docs/test_docs_workers.py::test_workers_start_on_each_storage_as_workers_md_shows"
         for command in (*WORKER_COMMANDS.values(), GRPC_PROXY)

@@ -245,7 +245,7 @@ def test_chromium_shows_the_demo_studys_answer(demo_study, tmp_path) -> None:
     for text in (
         "Accuracy loss against speed-up (green area: both targets met)",
         "targets: lat_diff &gt;= 1.5, acc_loss &lt;= 0.01",
-        "Pareto front of acc_loss and lat_diff (Optuna)",
+        "Pareto front of acc_loss and lat_diff",
         "Speed-up per trial and the best so far",
         "Per-layer sensitivity: what int8 costs and saves, layer by layer",
     ):

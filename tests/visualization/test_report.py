@@ -76,7 +76,7 @@ def test_the_history_shows_the_fp32_model_apart_from_the_int8_models_within_accu
     # The fp32 model reads no accuracy loss and a lat_diff at the target: no int8 result to draw as met.
     points = [trial(0, 0.02, 1.5, True), trial(1, 0.0, 1.0, False), trial(2, 0.005, 1.2, True)]
     figure = history_figure(points, Targets(accuracy_loss=1.0, latency_reduce=1.0))
-    drawn = {scatter.name: list(scatter.x) for scatter in figure.data if scatter.mode == "markers"}
+    drawn = {trace["name"]: trace["x"] for trace in figure["data"] if trace["mode"] == "markers"}
     assert drawn == {
         "within the accuracy target": [2],
         "accuracy target missed": [0],
