@@ -35,6 +35,7 @@ from optuna_quant.testing.postgres import free_port
 from optuna_quant.trial.records import SENSITIVITY_KEY
 from optuna_quant.trial.records import TARGETS_KEY
 from optuna_quant.trial.results import best_trial
+from optuna_quant.visualization.dashboard import _save_graph_object
 from optuna_quant.visualization.dashboard import DashboardFigures
 from optuna_quant.visualization.dashboard import save_figures
 from optuna_quant.visualization.dashboard import study_url
@@ -165,6 +166,17 @@ def _points(optuna_study: optuna.Study) -> int:
         return 0
     stored = json.loads(graphs["lat_diff-history"])
     return sum(len(t["x"]) for t in stored["data"] if t["mode"] == "markers")
+
+
+def test_a_figure_that_shrinks_is_read_back_whole_by_the_dashboards_reader() -> None:
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    study = optuna.create_study()
+    storage, study_id = study._storage, study._study_id
+    for points in (3000, 10):  # several chunks of study attrs, then one
+        figure = {"data": [{"type": "scatter", "x": list(range(points)), "y": list(range(points))}], "layout": {}}
+        _save_graph_object(storage, study_id, "fig", json.dumps(figure))
+        assert json.loads(get_plotly_graph_objects(storage.get_study_system_attrs(study_id))["fig"]) == figure
 
 
 def test_figures_are_refreshed_after_every_trial_when_asked(make_study) -> None:
