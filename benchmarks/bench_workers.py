@@ -92,7 +92,10 @@ ROLES: dict[str, list[tuple[str, ...]]] = {
     ],
     "claim": [("optuna_quant/trial/claim.py", "claim")],
     "records": [("optuna_quant/_optuna_private.py", "set_trial_attrs")],
-    "Optuna's parameter writes": [("optuna/storages/_cached_storage.py", "set_trial_param")],
+    "parameter writes": [
+        ("optuna/storages/_cached_storage.py", "set_trial_param"),
+        ("optuna_quant/_optuna_private.py", "set_trial_params"),
+    ],
     "Optuna's tell": [("optuna_quant/study/worker.py", "_tell")],
     "dashboard's figures": [
         ("optuna_quant/visualization/dashboard.py", "__call__"),

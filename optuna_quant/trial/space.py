@@ -55,9 +55,11 @@ import logging
 from typing import Any
 
 import onnx
+import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import BaseTrial
 
+from optuna_quant._optuna_private import set_trial_params
 from optuna_quant.quantization.config import ACTIVATION_MODES
 from optuna_quant.quantization.config import approach_choices
 from optuna_quant.quantization.config import APPROACHES
@@ -260,11 +262,12 @@ class SearchSpace:
         return dists
 
     def suggest(self, trial: BaseTrial) -> dict[str, Any]:
-        """Ask ``trial`` for every parameter of the space, in a fixed order."""
-        return {
-            name: trial.suggest_categorical(name, dist.choices)
-            for name, dist in self.distributions().items()
-        }
+        """Ask ``trial`` for every parameter of the space, in a fixed order; those the sampler
+        chose together are written in one transaction (:func:`optuna_quant._optuna_private.set_trial_params`)."""
+        distributions = self.distributions()
+        if isinstance(trial, optuna.Trial):
+            set_trial_params(trial, distributions)
+        return {name: trial.suggest_categorical(name, dist.choices) for name, dist in distributions.items()}
 
     def default_params(self) -> dict[str, Any]:
         """The reference configuration's parameters: the first choice of each."""

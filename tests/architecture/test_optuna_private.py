@@ -175,3 +175,30 @@ def test_a_measurement_is_written_in_one_transaction_as_optuna_writes_it(storage
     study.tell(ours, 1.0)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         private.set_trial_attrs(ours, {"acc_loss": 0.1})
+
+
+def test_a_trials_parameters_are_written_in_one_transaction_as_suggest_chooses_them(storage: BaseStorage) -> None:
+    choices = ("int8", "fp32")
+    names = [f"layer:{i}" for i in range(13)]
+    distributions = {name: optuna.distributions.CategoricalDistribution(choices) for name in names}
+    sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=0, seed=0)
+    study = optuna.create_study(storage=storage, sampler=sampler)
+    study.optimize(lambda trial: sum(trial.suggest_categorical(name, choices) == "fp32" for name in names), n_trials=2)
+    study.enqueue_trial({"layer:0": "fp32"}, skip_if_exists=False)
+    commits: list[int] = []
+    if isinstance(storage, RDBStorage):
+        sqlalchemy.event.listen(storage.engine, "commit", lambda connection: commits.append(1))
+    for enqueued in (True, False):
+        trial = study.ask()
+        trial.relative_params  # the sampler's reads, which suggest would make as well, before the count
+        before = len(commits)
+        with relied_on("Trial._is_fixed_param, Trial._is_relative_param, _CachedStorage's cache, RDBStorage._set_trial_param_without_commit"):
+            private.set_trial_params(trial, distributions)
+        written = len(commits) - before
+        suggested = {name: trial.suggest_categorical(name, choices) for name in names}
+        # One transaction for every parameter on an RDB storage, and none left for suggest to write;
+        # elsewhere suggest writes each as it always does.
+        assert (written, len(commits) - before) == ((1, 1) if isinstance(storage, RDBStorage) else (0, 0))
+        assert study.get_trials()[trial.number].params == suggested
+        assert (suggested["layer:0"] == "fp32") if enqueued else suggested == trial.relative_params
+        study.tell(trial, 0.0)
