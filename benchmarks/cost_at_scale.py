@@ -63,7 +63,8 @@ def table(reports: Sequence[Path], measured_at: int, scales: Sequence[int], tria
             server's statements and connections (an SQLite report).
     """
     lines = [
-        "| storage | protocol | workers | trials/s | server cores | statements/s | connections | a worker's core spent coordinating |",
+        "| storage | protocol | workers | trials/s | server cores | statements/s | connections "
+        "| a worker's core spent coordinating |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for path in reports:

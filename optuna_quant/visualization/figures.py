@@ -50,8 +50,12 @@ _FP32 = "#1f3b73"
 # Plotly's "none" template, as Plotly writes it: its default one adds about 8 kB to every stored figure, and optuna-dashboard
 # stores figures in 2 kB study attrs, written after every trial.
 # The top margin keeps titles clear of the dashboard's tool bar.
-_LAYOUT = dict(template={"data": {"scatter": [{"type": "scatter"}]}}, margin=dict(l=70, r=20, t=90, b=60), legend=dict(orientation="h", y=-0.25),
-               hovermode="closest")
+_LAYOUT = dict(
+    template={"data": {"scatter": [{"type": "scatter"}]}},
+    margin=dict(l=70, r=20, t=90, b=60),
+    legend=dict(orientation="h", y=-0.25),
+    hovermode="closest",
+)
 
 
 def _figure(title: str, x_title: str, y_title: str, **layout: Any) -> Figure:
@@ -231,7 +235,8 @@ def history_figure(points: Sequence[FrozenTrial], targets: Targets) -> Figure:
         figure["data"].append({
             "type": "scatter", "x": [t.number for t in trials], "y": _round([records.lat_diff(t) for t in trials]),
             "mode": "markers", "name": name, "marker": {"color": color, "size": 8},
-            "customdata": [t.number for t in trials], "hovertemplate": "trial %{x}<br>lat_diff %{y:.3f}x<extra></extra>",
+            "customdata": [t.number for t in trials],
+            "hovertemplate": "trial %{x}<br>lat_diff %{y:.3f}x<extra></extra>",
         })
     best = running_best(points, targets)
     figure["data"].append({

@@ -192,7 +192,8 @@ def test_a_trials_parameters_are_written_in_one_transaction_as_suggest_chooses_t
         trial = study.ask()
         trial.relative_params  # the sampler's reads, which suggest would make as well, before the count
         before = len(commits)
-        with relied_on("Trial._is_fixed_param, Trial._is_relative_param, _CachedStorage's cache, RDBStorage._set_trial_param_without_commit"):
+        relied = "Trial._is_fixed_param, _is_relative_param, _CachedStorage's cache, _set_trial_param_without_commit"
+        with relied_on(relied):
             private.set_trial_params(trial, distributions)
         written = len(commits) - before
         suggested = {name: trial.suggest_categorical(name, choices) for name in names}

@@ -38,7 +38,8 @@ def test_the_committed_reports_scale_to_each_worker_count() -> None:
 
 def test_workers_md_shows_what_its_command_prints() -> None:
     shown = (ROOT / "docs" / "workers.md").read_text()
-    (command,) = [line for line in shown.splitlines() if line.startswith(".venv/bin/python -m benchmarks.cost_at_scale ")]
+    prefix = ".venv/bin/python -m benchmarks.cost_at_scale "
+    (command,) = [line for line in shown.splitlines() if line.startswith(prefix)]
     printed = subprocess.run(
         command, shell=True, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True, text=True
     ).stdout.strip()
