@@ -42,8 +42,7 @@
   ``_trial_id_to_study_id_and_number``, and ``RDBStorage._set_trial_param_without_commit``: a
   trial's parameters written in one transaction of an RDB storage, chosen as ``Trial._suggest``
   chooses each (an enqueued value, the sampler's relative sample),
-  where ``suggest_*`` writes one parameter a transaction: 13 transactions a trial on the demo's
-  space, over 50 on a transformer's (:func:`set_trial_params`).
+  where ``suggest_*`` writes one parameter a transaction (:func:`set_trial_params`).
 - The loggers of Optuna's lines of a finished trial (``optuna.study.study``) and of a failed one
   (``optuna.study._optimize``) and those lines' form, which lists every parameter: on a model of
   48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines` sums the layers up in them

@@ -110,9 +110,9 @@ def _save_graph_object(storage: BaseStorage, study_id: int, figure_id: str, text
     """Store a Plotly figure's JSON as ``optuna_dashboard.save_plotly_graph_object`` does: in
     chunks of study system attrs, a shorter figure's leftover chunks emptied.
 
-    Written here because importing optuna-dashboard loads its web server (a second or so in every
-    worker); ``tests/visualization/test_dashboard.py`` reads the figures back through
-    optuna-dashboard's own reader and renders them in Chromium.
+    Written here because importing optuna-dashboard loads its web server in every worker
+    (docs/dashboard.md, "What it costs"); ``tests/visualization/test_dashboard.py`` reads the
+    figures back through optuna-dashboard's own reader and renders them in Chromium.
     """
     prefix = f"{PLOT_DATA_PREFIX}{figure_id}:"
     chunks = [text[i : i + PLOT_DATA_CHUNK] for i in range(0, len(text), PLOT_DATA_CHUNK)]
