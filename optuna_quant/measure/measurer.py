@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from dataclasses import dataclass
 import hashlib
 import time
@@ -42,7 +45,7 @@ from optuna_quant.measure.paired import acc_loss_lower_bound
 from optuna_quant.quantization.config import QuantConfig
 from optuna_quant.quantization.model_io import batch_of
 from optuna_quant.quantization.model_io import Feed
-from optuna_quant.quantization.model_io import load_model
+from optuna_quant.quantization.model_io import load_checked
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.quantization.model_io import to_feed
 from optuna_quant.quantization.model_io import to_feeds
@@ -53,6 +56,8 @@ from optuna_quant.quantization.quantize import Quantizer
 TimingWatch = Callable[[float, float, bool], bool]
 """Called after each timed block with the model's ``acc_loss``, that block's ``lat_diff`` and
 whether the model quantizes anything; ``True`` stops the timing (``latency.stopped``)."""
+FP32_THREAD = "optuna-quant-fp32"
+"""The name of the thread that scores the fp32 model beside preparation (``fp32_alongside``)."""
 AccuracyWatch = Callable[[float], bool]
 """Called after each batch of an evaluation by samples with the lower confidence bound of the
 ``acc_loss`` so far (:func:`optuna_quant.measure.paired.acc_loss_lower_bound`); ``True`` stops
@@ -139,6 +144,11 @@ class Measurer:
             ``{input_name: array}`` dict, or an array for a single input): the batch and sequence
             length of production, say. Default: the first ``benchmark.batch_size`` samples of
             the calibration data.
+        fp32_alongside: Score the fp32 model (``eval_fn``, in a thread of its own) while the
+            model is prepared, for a caller whose first trial needs the score: both take
+            seconds on a large model and neither waits for the other. :meth:`baseline` takes
+            the score; :meth:`adopt_baseline` and :meth:`wait_for_baseline` wait for it to end,
+            so that nothing runs beside a timing. Ignored where ``fp32_accuracy`` is given.
 
     Attributes:
         model: The model as given, the fp32 baseline.
@@ -167,6 +177,7 @@ class Measurer:
         eval_subset_size: int | None = None,
         pre_process: bool | str = True,
         latency_data: Any = None,
+        fp32_alongside: bool = False,
     ) -> None:
         if not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable, got {eval_fn!r}.")
@@ -175,14 +186,13 @@ class Measurer:
         self.eval_subset_size = eval_subset_size
         self.benchmark = benchmark or BenchmarkSettings()
         self._fp32_accuracy = None if fp32_accuracy is None else checked_score(fp32_accuracy, "metrics")
-        self.model = load_model(model)
+        loaded = load_checked(model)
+        self.model = loaded.proto
         self.feeds = to_feeds(calibration_data, self.model)
-        serialized = self.model.SerializeToString()  # once: large models take seconds
         try:
-            self._fp32_session = self._session(serialized)
+            self._fp32_session = self._session(loaded.serialized)
         except Exception as err:  # the checker passes graphs that onnxruntime refuses to load
             raise ValueError(f"onnxruntime cannot load the model: {err}") from err
-        self.prepared = prepare_model(self.model, self.feeds, pre_process=pre_process, session=self._fp32_session)
         self.latency_feed = self._latency_feed(latency_data)
         self._fp32_sample_scores: np.ndarray | None = None
         if latency_data is not None:
@@ -192,6 +202,14 @@ class Measurer:
                 raise ValueError(
                     f"The model does not run on latency_data ({feed_shapes(self.latency_feed)}): {err}"
                 ) from err
+        # After the checks of the input, so that bad input starts no evaluation; an onnxruntime
+        # session runs from several threads at once, so preparation's output checks share it.
+        self._fp32_scoring: Future[float] | None = None
+        if fp32_alongside and self._fp32_accuracy is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=FP32_THREAD)
+            self._fp32_scoring = pool.submit(self._evaluate, self._fp32_session, "fp32")
+            pool.shutdown(wait=False)  # its thread ends with its one evaluation
+        self.prepared = prepare_model(loaded, self.feeds, pre_process=pre_process, session=self._fp32_session)
         self.quantizer = Quantizer(
             self.prepared.prepared,
             self.feeds,
@@ -199,7 +217,7 @@ class Measurer:
             expected_outputs=self.prepared.outputs,
         )
         self._given_int8_nodes = int8_nodes(self.prepared.prepared)
-        self.fingerprint = hashlib.sha256(serialized).hexdigest()
+        self.fingerprint = hashlib.sha256(loaded.serialized).hexdigest()
         self.cpu = int8_support()
 
     def _latency_feed(self, latency_data: Any) -> Feed:
@@ -347,7 +365,8 @@ class Measurer:
             ValueError: If it scores the fp32 model 0, for which no relative loss exists.
         """
         if self._fp32_accuracy is None:
-            accuracy = self._evaluate(self._fp32_session, "fp32")
+            scoring, self._fp32_scoring = self._fp32_scoring, None
+            accuracy = self._evaluate(self._fp32_session, "fp32") if scoring is None else scoring.result()
             if accuracy == 0:
                 raise ValueError("eval_fn scores the fp32 model 0: a relative accuracy loss is undefined.")
             self._fp32_accuracy = accuracy
@@ -355,4 +374,11 @@ class Measurer:
 
     def adopt_baseline(self, fp32_accuracy: float) -> None:
         """Use the fp32 accuracy a study stored, so that every worker scores against the same one."""
+        self.wait_for_baseline()
         self._fp32_accuracy = fp32_accuracy
+
+    def wait_for_baseline(self) -> None:
+        """Wait until the fp32 score begun alongside preparation (``fp32_alongside``) has ended,
+        if it has not; what it raised is raised by :meth:`baseline`, not here."""
+        if self._fp32_scoring is not None:
+            wait([self._fp32_scoring])

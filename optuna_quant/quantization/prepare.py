@@ -51,7 +51,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from optuna_quant.quantization.config import subgraph_quantizable_nodes
 from optuna_quant.quantization.model_io import Feed
-from optuna_quant.quantization.model_io import load_model
+from optuna_quant.quantization.model_io import load_checked
+from optuna_quant.quantization.model_io import LoadedModel
 from optuna_quant.quantization.model_io import MIN_OPSET
 from optuna_quant.quantization.model_io import ModelLike
 from optuna_quant.quantization.model_io import name_nodes
@@ -99,7 +100,7 @@ class PreparedModel:
 
 
 def prepare_model(
-    model: ModelLike,
+    model: ModelLike | LoadedModel,
     feeds: Sequence[Feed],
     *,
     pre_process: bool | str = True,
@@ -108,7 +109,9 @@ def prepare_model(
     """Prepare ``model`` for quantization, checked against its own outputs on ``feeds``.
 
     Args:
-        model: An ONNX model: a path (external data is loaded from beside it) or a ``ModelProto``.
+        model: An ONNX model: a path (external data is loaded from beside it), a ``ModelProto``,
+            or a model that :func:`~optuna_quant.quantization.model_io.load_checked` loaded
+            (taken as it is, neither copied nor checked again).
         feeds: Input dicts (see :func:`optuna_quant.quantization.model_io.to_feeds`); the first
             :data:`CHECK_FEEDS` check each step's outputs.
         pre_process: Run onnxruntime's ``quant_pre_process`` (``True``), and its transformer
@@ -122,18 +125,18 @@ def prepare_model(
     """
     if not (isinstance(pre_process, bool) or pre_process == "transformer"):
         raise ValueError(f"pre_process must be one of {PRE_PROCESS_CHOICES}, got {pre_process!r}.")
-    original = load_model(model)
+    loaded = model if isinstance(model, LoadedModel) else load_checked(model)
+    original = loaded.proto
     checks = list(feeds[:CHECK_FEEDS])
     try:
-        expected = run_feeds(session if session is not None else check_session(original), checks)
+        expected = run_feeds(session if session is not None else check_session(loaded.serialized), checks)
     except Exception as err:
         raise ValueError(f"The model does not run in onnxruntime on the calibration data: {err}") from err
     steps: list[str] = []
-    work = onnx.ModelProto()
-    work.CopyFrom(original)
-    freed = _free_dynamic_dims(work)
-    if freed:
-        steps.append(f"dynamic dims: {', '.join(freed)}")
+    work = original  # copied by the first step that changes it
+    if _dynamic_dims(original):
+        work = _copy(original)
+        steps.append(f"dynamic dims: {', '.join(_free_dynamic_dims(work))}")
     opset = opset_of(work)
     if opset < MIN_OPSET:
         work = _upgraded(work, opset)
@@ -147,12 +150,14 @@ def prepare_model(
     shapes_inferred = False
     if pre_process:
         given = work
-        work = _pre_processed(work, checks, expected, steps)
+        work = _pre_processed(work, checks, expected, steps, loaded.serialized if work is original else None)
         shapes_inferred = work is not given
     if pre_process == "transformer":
         fused = work
         work = _transformer_optimized(work, checks, expected, steps)
         shapes_inferred = shapes_inferred and work is fused
+    if work is original:  # the prepared model is the quantizer's own
+        work = _copy(original)
     name_nodes(work)
     for step in steps:
         _logger.info("Prepared the model: %s", step)
@@ -169,16 +174,30 @@ def prepare_model(
     )
 
 
-def _free_dynamic_dims(model: onnx.ModelProto) -> list[str]:
-    """Turn sizes of -1 or 0 of the graph's inputs, outputs and value_info into named free dims."""
-    freed = []
+def _dynamic_dims(model: onnx.ModelProto) -> list[tuple[onnx.ValueInfoProto, int]]:
+    """The sizes of -1 or 0 of the graph's inputs, outputs and value_info: value and axis."""
     graph = model.graph
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value <= 0:
-                dim.dim_param = f"{value.name}_dim{axis}"
-                freed.append(f"{value.name}[{axis}]")
+    return [
+        (value, axis)
+        for value in [*graph.input, *graph.output, *graph.value_info]
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim)
+        if dim.HasField("dim_value") and dim.dim_value <= 0
+    ]
+
+
+def _free_dynamic_dims(model: onnx.ModelProto) -> list[str]:
+    """Turn :func:`_dynamic_dims` into named free dims, in place; their names."""
+    freed = []
+    for value, axis in _dynamic_dims(model):
+        value.type.tensor_type.shape.dim[axis].dim_param = f"{value.name}_dim{axis}"
+        freed.append(f"{value.name}[{axis}]")
     return freed
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)
+    return copied
 
 
 def _upgraded(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -195,13 +214,22 @@ def _upgraded(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 
 
 def _pre_processed(
-    model: onnx.ModelProto, checks: list[Feed], expected: list[list[np.ndarray]], steps: list[str]
+    model: onnx.ModelProto,
+    checks: list[Feed],
+    expected: list[list[np.ndarray]],
+    steps: list[str],
+    serialized: bytes | None = None,
 ) -> onnx.ModelProto:
+    """``model`` after the first of :data:`PRE_PROCESS_ATTEMPTS` that succeeds and keeps its
+    outputs, or ``model`` (logged); ``serialized``: ``model``'s bytes where the caller has them."""
     with tempfile.TemporaryDirectory(prefix="optuna-quant-prep-") as tmp:
         # A path, not the ModelProto: onnxruntime 1.32 fails to optimize a ModelProto whose
         # weights are all inline once symbolic shape inference is skipped.
         source, output = Path(tmp) / "model.onnx", Path(tmp) / "prepared.onnx"
-        onnx.save(model, str(source))
+        if serialized is None:
+            onnx.save(model, str(source))
+        else:
+            source.write_bytes(serialized)
         for options in PRE_PROCESS_ATTEMPTS:
             label = "quant_pre_process" + "".join(f" {key}" for key in options)
             errors = _ErrorRecords()
@@ -300,11 +328,12 @@ class _ErrorRecords(logging.Handler):
             self.first = record.getMessage()
 
 
-def check_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """An onnxruntime session of ``model`` for the output checks: default options, quiet."""
+def check_session(model: onnx.ModelProto | bytes) -> ort.InferenceSession:
+    """An onnxruntime session of ``model`` (or its bytes) for the output checks: default options, quiet."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    serialized = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
 
 
 def run_feeds(session: ort.InferenceSession, feeds: Sequence[Feed]) -> list[list[np.ndarray]]:

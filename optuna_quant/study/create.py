@@ -208,6 +208,8 @@ def create_study(
         guided=bool(sensitivity), sensitivity_share=None if sensitivity == "full" else SENSITIVITY_SHARE,
         recipes=recipes, prune=pruning and objective_mode == "loss", latency_data=latency_data,
         layer_groups=layer_groups, module_of_node=node_modules,
+        # The reference trial scores fp32 first: a study that has none yet scores it while preparing.
+        fp32_alongside=plan.method != "eval" and (plan.existing is None or records.reference_scaling(plan.existing) is None),
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     pruner = LatencyPruner() if objective.settings.prune else None

@@ -209,6 +209,8 @@ class Worker:
         """
         if records.reference_scaling(self.study) is None:
             check_baseline(self.objective.measurer)  # before any trial: a failing eval_fn leaves none
+        else:
+            self.objective.measurer.wait_for_baseline()  # nothing may run beside the first timing
         if hasattr(self.study.sampler, "set_inactive"):
             self.study.sampler.set_inactive(self.objective.space.inactive())
         with self.bar:

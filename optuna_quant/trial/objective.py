@@ -111,7 +111,7 @@ class QuantizationObjective:
     """The Optuna objective that tunes int8 quantization of one model.
 
     ``model``, ``calibration_data``, ``eval_fn``, ``benchmark``, ``fp32_accuracy``,
-    ``eval_subset_size``, ``pre_process`` and ``latency_data`` go to the
+    ``eval_subset_size``, ``pre_process``, ``latency_data`` and ``fp32_alongside`` go to the
     :class:`~optuna_quant.measure.measurer.Measurer`, which documents them.
 
     Args:
@@ -176,6 +176,7 @@ class QuantizationObjective:
         latency_data: Any = None,
         layer_groups: str | None = None,
         module_of_node: Mapping[str, str] | None = None,
+        fp32_alongside: bool = False,
     ) -> None:
         self.settings = TrialSettings(
             stop_on_target=stop_on_target,
@@ -194,6 +195,7 @@ class QuantizationObjective:
             eval_subset_size=eval_subset_size,
             pre_process=pre_process,
             latency_data=latency_data,
+            fp32_alongside=fp32_alongside,
         )
         self.space = space or SearchSpace.from_model(
             self.measurer.prepared.prepared,
