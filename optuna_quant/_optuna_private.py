@@ -39,10 +39,12 @@
   before each write the measurement does not need).
 - ``Trial._is_fixed_param``, ``Trial._is_relative_param``, ``Trial._fixed_params``,
   ``Trial._cached_frozen_trial``, ``_CachedStorage``'s ``_lock``, ``_studies`` and
-  ``_trial_id_to_study_id_and_number``, and ``RDBStorage._set_trial_param_without_commit``: a
-  trial's parameters written in one transaction of an RDB storage, chosen as ``Trial._suggest``
-  chooses each (an enqueued value, the sampler's relative sample),
-  where ``suggest_*`` writes one parameter a transaction (:func:`set_trial_params`).
+  ``_trial_id_to_study_id_and_number``, and the RDB storage's ``models`` as
+  ``RDBStorage._set_trial_param_without_commit`` writes them: a trial's parameters written in one
+  transaction of an RDB storage, with one read of the trial and one INSERT, chosen as
+  ``Trial._suggest`` chooses each (an enqueued value, the sampler's relative sample), where
+  ``suggest_*`` writes one parameter a transaction, reading the trial each time
+  (:func:`set_trial_params`).
 - The loggers of Optuna's lines of a finished trial (``optuna.study.study``) and of a failed one
   (``optuna.study._optimize``) and those lines' form, which lists every parameter: on a model of
   48 layers, 53 of them. :func:`optuna_quant.logs.compact_trial_lines` sums the layers up in them
@@ -170,17 +172,64 @@ def set_trial_params(trial: optuna.Trial, distributions: Mapping[str, BaseDistri
         study_id, _ = storage._trial_id_to_study_id_and_number[trial._trial_id]
         held = storage._studies[study_id].param_distribution
         with _create_scoped_session(backend.scoped_session, True) as session:
-            for name, value in chosen.items():
-                distribution = distributions[name]
-                internal = distribution.to_internal_repr(value)
-                backend._set_trial_param_without_commit(
-                    session, trial._trial_id, name, internal, distribution, held.get(name)
-                )
+            chosen_distributions = {name: distributions[name] for name in chosen}
+            _add_trial_params(backend, session, trial._trial_id, chosen_distributions, chosen, held)
         for name in chosen:
             held.setdefault(name, distributions[name])
     for name, value in chosen.items():
         trial._cached_frozen_trial.distributions[name] = distributions[name]
         trial._cached_frozen_trial.params[name] = value
+
+
+def _add_trial_params(
+    backend: RDBStorage,
+    session: Any,
+    trial_id: int,
+    distributions: Mapping[str, BaseDistribution],
+    values: Mapping[str, Any],
+    held: Mapping[str, BaseDistribution],
+) -> None:
+    """``values`` added to the trial's parameters, checked as ``RDBStorage._set_trial_param_without_commit``
+    checks each, with one read of the trial and one INSERT for them all.
+
+    Optuna's reads the trial again for each parameter, and each read first flushes the INSERT of
+    the one before: two statements a parameter. ``held``: the distributions the study holds, as
+    Optuna's cache gives them; one it does not hold is read from the study's trials, as there.
+
+    Raises:
+        ValueError: For a distribution that differs from the one the study holds under the name.
+    """
+    # As in set_trial_attrs: SQLAlchemy only here.
+    from optuna.storages._rdb import models
+    import sqlalchemy
+
+    stored = models.TrialModel.find_or_raise_by_id(trial_id, session)
+    backend.check_trial_is_updatable(trial_id, stored.state)
+    for name, distribution in distributions.items():
+        previous = held.get(name)
+        if previous is None:
+            record = (
+                session.query(models.TrialParamModel)
+                .join(models.TrialModel)
+                .filter(models.TrialModel.study_id == stored.study_id)
+                .filter(models.TrialParamModel.param_name == name)
+                .first()
+            )
+            previous = None if record is None else optuna.distributions.json_to_distribution(record.distribution_json)
+        if previous is not None:
+            optuna.distributions.check_distribution_compatibility(previous, distribution)
+    rows = [
+        {
+            "trial_id": trial_id,
+            "param_name": name,
+            "param_value": distribution.to_internal_repr(values[name]),
+            "distribution_json": optuna.distributions.distribution_to_json(distribution),
+        }
+        for name, distribution in distributions.items()
+    ]
+    # Core's executemany, not the ORM's unit of work: on SQLite that inserts row by row to read
+    # back each id, which nothing here needs.
+    session.execute(sqlalchemy.insert(models.TrialParamModel), rows)
 
 
 def _upsert(backend: RDBStorage, session: Any, model: Any, trial_id: int, attrs: Mapping[str, Any]) -> None:

@@ -186,20 +186,33 @@ def test_a_trials_parameters_are_written_in_one_transaction_as_suggest_chooses_t
     study.optimize(lambda trial: sum(trial.suggest_categorical(name, choices) == "fp32" for name in names), n_trials=2)
     study.enqueue_trial({"layer:0": "fp32"}, skip_if_exists=False)
     commits: list[int] = []
+    statements: list[str] = []
     if isinstance(storage, RDBStorage):
         sqlalchemy.event.listen(storage.engine, "commit", lambda connection: commits.append(1))
+        sqlalchemy.event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
     for enqueued in (True, False):
         trial = study.ask()
         trial.relative_params  # the sampler's reads, which suggest would make as well, before the count
-        before = len(commits)
-        relied = "Trial._is_fixed_param, _is_relative_param, _CachedStorage's cache, _set_trial_param_without_commit"
+        before, statements_before = len(commits), len(statements)
+        relied = "Trial._is_fixed_param, _is_relative_param, _CachedStorage's cache, models.TrialParamModel"
         with relied_on(relied):
             private.set_trial_params(trial, distributions)
-        written = len(commits) - before
+        written, executed = len(commits) - before, statements[statements_before:]
         suggested = {name: trial.suggest_categorical(name, choices) for name in names}
         # One transaction for every parameter on an RDB storage, and none left for suggest to write;
         # elsewhere suggest writes each as it always does.
         assert (written, len(commits) - before) == ((1, 1) if isinstance(storage, RDBStorage) else (0, 0))
+        if isinstance(storage, RDBStorage):  # one read of the trial and one INSERT, not two statements a parameter
+            assert [statement.split()[0] for statement in executed] == ["SELECT", "INSERT"], executed
         assert study.get_trials()[trial.number].params == suggested
         assert (suggested["layer:0"] == "fp32") if enqueued else suggested == trial.relative_params
         study.tell(trial, 0.0)
+    # A distribution other than the one the study holds is refused, as suggest refuses it, and
+    # nothing of the trial's is written.
+    study.enqueue_trial({"layer:0": "fp32"}, skip_if_exists=False)
+    trial = study.ask()
+    widened = {**distributions, "layer:0": optuna.distributions.CategoricalDistribution((*choices, "int4"))}
+    with pytest.raises(ValueError, match="CategoricalDistribution"):
+        private.set_trial_params(trial, widened)
+        trial.suggest_categorical("layer:0", (*choices, "int4"))
+    assert study.get_trials()[trial.number].params == {}
