@@ -172,8 +172,7 @@ def set_trial_params(trial: optuna.Trial, distributions: Mapping[str, BaseDistri
         study_id, _ = storage._trial_id_to_study_id_and_number[trial._trial_id]
         held = storage._studies[study_id].param_distribution
         with _create_scoped_session(backend.scoped_session, True) as session:
-            chosen_distributions = {name: distributions[name] for name in chosen}
-            _add_trial_params(backend, session, trial._trial_id, chosen_distributions, chosen, held)
+            _add_trial_params(backend, session, trial._trial_id, distributions, chosen, held)
         for name in chosen:
             held.setdefault(name, distributions[name])
     for name, value in chosen.items():
@@ -189,8 +188,9 @@ def _add_trial_params(
     values: Mapping[str, Any],
     held: Mapping[str, BaseDistribution],
 ) -> None:
-    """``values`` added to the trial's parameters, checked as ``RDBStorage._set_trial_param_without_commit``
-    checks each, with one read of the trial and one INSERT for them all.
+    """``values`` added to the trial's parameters, each under its entry of ``distributions`` and
+    checked as ``RDBStorage._set_trial_param_without_commit`` checks one, with one read of the
+    trial and one INSERT for them all.
 
     Optuna's reads the trial again for each parameter, and each read first flushes the INSERT of
     the one before: two statements a parameter. ``held``: the distributions the study holds, as
@@ -205,8 +205,8 @@ def _add_trial_params(
 
     stored = models.TrialModel.find_or_raise_by_id(trial_id, session)
     backend.check_trial_is_updatable(trial_id, stored.state)
-    for name, distribution in distributions.items():
-        previous = held.get(name)
+    for name in values:
+        distribution, previous = distributions[name], held.get(name)
         if previous is None:
             record = (
                 session.query(models.TrialParamModel)
@@ -222,10 +222,10 @@ def _add_trial_params(
         {
             "trial_id": trial_id,
             "param_name": name,
-            "param_value": distribution.to_internal_repr(values[name]),
-            "distribution_json": optuna.distributions.distribution_to_json(distribution),
+            "param_value": distributions[name].to_internal_repr(value),
+            "distribution_json": optuna.distributions.distribution_to_json(distributions[name]),
         }
-        for name, distribution in distributions.items()
+        for name, value in values.items()
     ]
     # Core's executemany, not the ORM's unit of work: on SQLite that inserts row by row to read
     # back each id, which nothing here needs.

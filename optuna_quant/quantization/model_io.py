@@ -48,8 +48,7 @@ class LoadedModel:
     Attributes:
         proto: The model, every top-level node named.
         serialized: ``proto`` serialized, made once: a session, a hash or a file written from it
-            need not serialize a large model again (a transformer's 90 MB take a tenth of a second
-            or more each time, a copy of the proto twice that).
+            need not serialize the model again (what that costs: docs/models.md).
     """
 
     proto: onnx.ModelProto

@@ -199,6 +199,9 @@ def create_study(
     if in_memory(storage_obj):
         heartbeat = None  # no other process can watch it
     lock = study_lock(storage_obj, plan.name, heartbeat)
+    # The reference trial scores fp32 first: a study that has none yet scores it while preparing.
+    stored = plan.existing is not None and records.reference_scaling(plan.existing) is not None
+    needs_reference = plan.method != "eval" and not stored
     objective = QuantizationObjective(
         model, calibration_data, eval_fn,
         targets=targets, scopes=scopes, nodes=nodes, space=plan.space, benchmark=benchmark,
@@ -208,8 +211,7 @@ def create_study(
         guided=bool(sensitivity), sensitivity_share=None if sensitivity == "full" else SENSITIVITY_SHARE,
         recipes=recipes, prune=pruning and objective_mode == "loss", latency_data=latency_data,
         layer_groups=layer_groups, module_of_node=node_modules,
-        # The reference trial scores fp32 first: a study that has none yet scores it while preparing.
-        fp32_alongside=plan.method != "eval" and (plan.existing is None or records.reference_scaling(plan.existing) is None),
+        fp32_alongside=needs_reference,
     )
     artifact_dir = default_artifact_dir(storage_obj, artifact_dir)
     pruner = LatencyPruner() if objective.settings.prune else None
